@@ -1,0 +1,100 @@
+# Fairshare Makefile. `make help` lists the targets.
+#
+# Everything it needs is built from pinned Go modules into ./bin (hack/bin-tools.sh): the
+# real control plane (kube-apiserver, etcd), controller-gen and helm. Cold, the first run
+# spends about 10 minutes building kube-apiserver; afterwards it is cached.
+
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+ROOT := $(shell pwd)
+BIN := $(ROOT)/bin
+export KUBEBUILDER_ASSETS := $(BIN)
+export PATH := $(BIN):$(PATH)
+GO ?= go
+CONTROLLER_GEN := $(BIN)/controller-gen
+HELM := $(BIN)/helm
+# Bounded fuzzing time per target inside `make test`.
+FUZZTIME ?= 5s
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-18s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: tools
+tools: ## Build the pinned tools and the local control plane into ./bin (cached).
+	hack/bin-tools.sh
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/, then sync them into the Helm chart.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=fairshare-manager paths=./controllers/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=fairshare-scheduler paths=./internal/kube/... output:rbac:artifacts:config=config/rbac/scheduler
+	hack/sync-chart.sh
+
+.PHONY: verify
+verify: generate manifests ## Fail when generated files or the chart copies are stale, or code is unformatted.
+	@git diff --exit-code -- api config charts || { echo "generated files are stale: run 'make generate manifests' and commit" >&2; exit 1; }
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
+
+.PHONY: vet
+vet: ## go vet.
+	$(GO) vet ./...
+
+.PHONY: build
+build: ## Build the three binaries into ./bin.
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/manager ./cmd/scheduler ./cmd/providersim
+
+##@ Test
+
+.PHONY: test
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-e2e ## Everything CI runs (installs what it needs).
+
+.PHONY: test-unit
+test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /controllers -e /test/ -e /internal/kube)
+
+.PHONY: test-fuzz
+test-fuzz: ## Run every Go fuzz target for a bounded time (FUZZTIME each).
+	hack/fuzz.sh $(FUZZTIME)
+
+.PHONY: test-envtest
+test-envtest: tools ## Controller, status writer and CRD validation tests on a real kube-apiserver + etcd.
+	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./test/cel/...
+
+.PHONY: test-helm
+test-helm: tools ## helm lint and helm template of the chart with default and non-default values.
+	$(HELM) lint charts/fairshare
+	$(HELM) lint charts/fairshare -f hack/testdata/values-nondefault.yaml
+	$(HELM) template fairshare charts/fairshare --namespace fairshare-system >/dev/null
+	$(HELM) template fairshare charts/fairshare --namespace fairshare-system -f hack/testdata/values-nondefault.yaml >/dev/null
+
+.PHONY: test-e2e
+test-e2e: tools ## The demo scenario on the real control plane with the three binaries, asserted.
+	$(GO) test -count=1 -timeout 20m -v ./test/e2e/...
+
+##@ Demo and benchmarks
+
+.PHONY: demo
+demo: tools ## Start a local control plane, the operator, a scheduler and the simulator, and run the workload.
+	$(GO) run ./test/demo
+
+.PHONY: bench
+bench: ## Run the Go benchmarks (benchstat-compatible output in docs/benchmarks.raw.txt).
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/... | tee docs/benchmarks.raw.txt
+
+$(CONTROLLER_GEN):
+	hack/bin-tools.sh controller-gen
+
+$(HELM):
+	hack/bin-tools.sh helm

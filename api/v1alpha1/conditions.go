@@ -1,0 +1,70 @@
+package v1alpha1
+
+// Condition types. Accepted and Ready are owned by the operator (field manager
+// FieldManagerController); Serving and Throttled by the pool's scheduler
+// (field manager FieldManagerScheduler). Conditions are a list map keyed by
+// type, so the two writers never overwrite each other's entries.
+const (
+	// ConditionAccepted: the object's spec is consistent and its references
+	// resolve (for a TenantQuota: the pool exists in the namespace).
+	ConditionAccepted = "Accepted"
+	// ConditionReady: for a pool, its scheduler Deployment is available; for a
+	// tenant, it is Accepted and its pool is Ready.
+	ConditionReady = "Ready"
+	// ConditionServing: the scheduler has loaded the object and serves it.
+	ConditionServing = "Serving"
+	// ConditionThrottled: True while calls are held back: for a pool, paused
+	// after an upstream 429 or at its reserve; for a tenant, at one of its limits.
+	ConditionThrottled = "Throttled"
+)
+
+// Condition reasons (CamelCase, documented in docs/api.md).
+const (
+	// ReasonAccepted: the spec was accepted.
+	ReasonAccepted = "Accepted"
+	// ReasonPoolNotFound: the TenantQuota's spec.poolRef names no ProviderPool in its namespace.
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonDuplicateTenantID: another TenantQuota of the same pool has the same tenant id.
+	ReasonDuplicateTenantID = "DuplicateTenantID"
+	// ReasonInvalidSpec: the spec passed API validation but cannot be served (a message says why).
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonRenderFailed: the operator could not render or apply the scheduler objects.
+	ReasonRenderFailed = "RenderFailed"
+	// ReasonSchedulerAvailable: the scheduler Deployment has its replicas available.
+	ReasonSchedulerAvailable = "SchedulerAvailable"
+	// ReasonSchedulerProgressing: the scheduler Deployment is not yet available.
+	ReasonSchedulerProgressing = "SchedulerProgressing"
+	// ReasonPoolReady: the tenant's pool is Ready.
+	ReasonPoolReady = "PoolReady"
+	// ReasonPoolNotReady: the tenant's pool is not Ready.
+	ReasonPoolNotReady = "PoolNotReady"
+	// ReasonNotAccepted: Ready is False because Accepted is False.
+	ReasonNotAccepted = "NotAccepted"
+	// ReasonLoaded: the scheduler has loaded the object's current generation.
+	ReasonLoaded = "Loaded"
+	// ReasonWithinLimits: nothing is being held back.
+	ReasonWithinLimits = "WithinLimits"
+	// ReasonUpstreamPaused: the provider answered 429; all starts wait for its reset.
+	ReasonUpstreamPaused = "UpstreamPaused"
+	// ReasonAtReserve: batch work is held at the interactive reserve.
+	ReasonAtReserve = "AtReserve"
+	// ReasonTenantLimited: the tenant is at its token, request, concurrency or KV-block limit.
+	ReasonTenantLimited = "TenantLimited"
+)
+
+// Field managers of the two status writers (server-side apply).
+const (
+	// FieldManagerController is the operator's field manager.
+	FieldManagerController = "fairshare-controller"
+	// FieldManagerScheduler is the scheduler's field manager.
+	FieldManagerScheduler = "fairshare-scheduler"
+)
+
+// Labels and annotations the operator sets on the objects it renders.
+const (
+	// LabelPool holds the ProviderPool name on rendered objects.
+	LabelPool = "quota.fairshare.dev/pool"
+	// AnnotationSettingsHash on the scheduler pod template is the SHA-256 of
+	// the rendered settings; a change rolls the Deployment.
+	AnnotationSettingsHash = "quota.fairshare.dev/settings-hash"
+)

@@ -1,0 +1,403 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Dialect names the rate-limit header dialect an upstream speaks.
+// +kubebuilder:validation:Enum=Auto;OpenAI;Anthropic;Azure;Classic;IETF
+type Dialect string
+
+// Dialects of provider rate-limit headers (see docs/api.md and provider-headers reference).
+const (
+	// DialectAuto reads every dialect and keeps the most restrictive figure.
+	DialectAuto Dialect = "Auto"
+	// DialectOpenAI is x-ratelimit-{limit,remaining,reset}-{requests,tokens}, resets as Go durations.
+	DialectOpenAI Dialect = "OpenAI"
+	// DialectAnthropic is anthropic-ratelimit-*-{limit,remaining,reset}, resets as RFC 3339 times.
+	DialectAnthropic Dialect = "Anthropic"
+	// DialectAzure is x-ratelimit-remaining-* with retry-after-ms / x-ms-retry-after-ms.
+	DialectAzure Dialect = "Azure"
+	// DialectClassic is X-RateLimit-{Limit,Remaining,Reset}, reset as delta or epoch seconds.
+	DialectClassic Dialect = "Classic"
+	// DialectIETF is the draft-ietf-httpapi-ratelimit-headers RateLimit / RateLimit-Policy fields.
+	DialectIETF Dialect = "IETF"
+)
+
+// TenantIdentificationMode says how the scheduler learns which tenant sent a request.
+// +kubebuilder:validation:Enum=APIKey;TrustedHeader
+type TenantIdentificationMode string
+
+const (
+	// IdentifyByAPIKey authenticates `Authorization: Bearer <key>` against the
+	// keys in the Secrets that TenantQuotas reference (compared by hash).
+	IdentifyByAPIKey TenantIdentificationMode = "APIKey"
+	// IdentifyByTrustedHeader takes the tenant id from a request header set by
+	// an authenticating gateway in front of the scheduler. Only safe when no
+	// client can reach the scheduler directly.
+	IdentifyByTrustedHeader TenantIdentificationMode = "TrustedHeader"
+)
+
+// SecretKeyRef selects one key of a Secret in the object's own namespace.
+type SecretKeyRef struct {
+	// name is the Secret's name, in the same namespace as the referring object.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key is the data key in the Secret that holds the value. Defaults to "api-key".
+	// +optional
+	// +kubebuilder:default=api-key
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Key string `json:"key,omitempty"`
+}
+
+// UpstreamSpec is the provider account the pool shares.
+type UpstreamSpec struct {
+	// baseURL is the provider's OpenAI-compatible base URL, without the
+	// `/v1/...` path, for example `https://api.openai.com`.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="spec.upstream.baseURL must start with http:// or https://"
+	BaseURL string `json:"baseURL"`
+
+	// dialect is a hint for the provider's rate-limit header dialect.
+	// Auto (the default) reads all of them and keeps the most restrictive figure.
+	// +optional
+	// +kubebuilder:default=Auto
+	Dialect Dialect `json:"dialect,omitempty"`
+
+	// credentialsSecretRef names the Secret holding the provider API key. The
+	// scheduler sends it upstream as `Authorization: Bearer <key>` and nowhere
+	// else. Omit it for providers that need no key (the simulator).
+	// +optional
+	CredentialsSecretRef *SecretKeyRef `json:"credentialsSecretRef,omitempty"`
+
+	// timeoutSeconds bounds one upstream call, in seconds. Defaults to 120.
+	// +optional
+	// +kubebuilder:default=120
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// ModelSpec is one model the pool serves, with optional quota hints used
+// until the provider's own rate-limit headers are seen.
+type ModelSpec struct {
+	// name is the model name as clients send it in `model`.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+
+	// tokensPerMinute is the provider's tokens-per-minute quota for this
+	// model, in provider tokens (prompt + max output). A hint: the provider's
+	// headers override it once seen.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	TokensPerMinute *int64 `json:"tokensPerMinute,omitempty"`
+
+	// requestsPerMinute is the provider's requests-per-minute quota for this
+	// model. A hint, like tokensPerMinute.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	RequestsPerMinute *int64 `json:"requestsPerMinute,omitempty"`
+}
+
+// ReserveSpec keeps part of the upstream quota for interactive traffic.
+type ReserveSpec struct {
+	// interactivePercent is the share of each model's quota, in percent of the
+	// limit, that batch jobs may not use: batch starts only while the provider's
+	// remaining quota stays above it. Interactive calls may use all of it.
+	// Must be in [0, 100); defaults to 20.
+	// +optional
+	// +kubebuilder:default=20
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=99
+	InteractivePercent *int32 `json:"interactivePercent,omitempty"`
+
+	// batchBorrowAfterSeconds lets batch jobs borrow the reserve once no
+	// interactive call has arrived for this many seconds; the reserve returns
+	// at the next interactive call. Unset: batch never borrows.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	BatchBorrowAfterSeconds *int32 `json:"batchBorrowAfterSeconds,omitempty"`
+}
+
+// CostModel converts provider tokens into weighted tokens, the unit of tenant
+// buckets, budgets and fair-queue cost: weighted = input*inputTokenWeight +
+// output*outputTokenWeight.
+type CostModel struct {
+	// inputTokenWeight is the weight of one prompt token. Defaults to 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	InputTokenWeight int32 `json:"inputTokenWeight,omitempty"`
+
+	// outputTokenWeight is the weight of one generated token. Defaults to 4.
+	// +optional
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	OutputTokenWeight int32 `json:"outputTokenWeight,omitempty"`
+
+	// kvBlockTokens is the size of one KV-cache block, in tokens: a request
+	// holds ceil((prompt + max output) / kvBlockTokens) blocks. Defaults to 16.
+	// +optional
+	// +kubebuilder:default=16
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	KVBlockTokens int32 `json:"kvBlockTokens,omitempty"`
+
+	// defaultMaxOutputTokens is charged as the output reservation of a request
+	// that sets neither max_tokens nor max_completion_tokens. Defaults to 4096.
+	// +optional
+	// +kubebuilder:default=4096
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1048576
+	DefaultMaxOutputTokens int32 `json:"defaultMaxOutputTokens,omitempty"`
+}
+
+// TenantIdentification says how requests are mapped to tenants.
+type TenantIdentification struct {
+	// mode is APIKey (default: `Authorization: Bearer <key>` checked against
+	// TenantQuota key Secrets) or TrustedHeader (the tenant id is read from
+	// `header`, for deployments behind an authenticating gateway).
+	// +optional
+	// +kubebuilder:default=APIKey
+	Mode TenantIdentificationMode `json:"mode,omitempty"`
+
+	// header is the request header holding the tenant id in TrustedHeader
+	// mode. Defaults to X-Fairshare-Tenant.
+	// +optional
+	// +kubebuilder:default=X-Fairshare-Tenant
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
+	Header string `json:"header,omitempty"`
+}
+
+// SchedulerSpec configures the scheduler Deployment the operator renders for the pool.
+type SchedulerSpec struct {
+	// replicas of the scheduler. Above 1, replicas elect a leader (a Lease) and
+	// only the leader serves. Defaults to 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=5
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// image of the scheduler container. Defaults to the operator's own image.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image,omitempty"`
+
+	// resources of the scheduler container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// upstreamConcurrency bounds the calls in flight to the provider from this
+	// pool, interactive and batch together. Defaults to 64.
+	// +optional
+	// +kubebuilder:default=64
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	UpstreamConcurrency int32 `json:"upstreamConcurrency,omitempty"`
+
+	// quantumTokens is the deficit-round-robin quantum, in weighted tokens:
+	// what a weight-1 tenant may dispatch per round. Defaults to 4096.
+	// +optional
+	// +kubebuilder:default=4096
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000000
+	QuantumTokens int64 `json:"quantumTokens,omitempty"`
+
+	// maxQueuedJobs bounds the jobs queued in the pool across all tenants: the
+	// memory guard behind the per-tenant bounds. Defaults to 100000.
+	// +optional
+	// +kubebuilder:default=100000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000000
+	MaxQueuedJobs int64 `json:"maxQueuedJobs,omitempty"`
+
+	// statusIntervalSeconds is how often the scheduler writes live figures to
+	// the pool and tenant status, in seconds; unchanged status is not written.
+	// Defaults to 10.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=300
+	StatusIntervalSeconds int32 `json:"statusIntervalSeconds,omitempty"`
+}
+
+// ProviderPoolSpec is one upstream provider account shared by the tenants
+// whose TenantQuotas reference this pool.
+type ProviderPoolSpec struct {
+	// upstream is the provider endpoint and its credentials.
+	// +required
+	Upstream UpstreamSpec `json:"upstream"`
+
+	// models served by the pool. Requests for a model not listed are refused
+	// with 400 `model_not_found`.
+	// +required
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	Models []ModelSpec `json:"models"`
+
+	// reserve keeps part of the quota for interactive calls.
+	// +optional
+	Reserve ReserveSpec `json:"reserve,omitempty,omitzero"`
+
+	// costModel converts provider tokens into weighted tokens.
+	// +optional
+	CostModel CostModel `json:"costModel,omitempty,omitzero"`
+
+	// tenantIdentification says how requests are mapped to tenants.
+	// +optional
+	TenantIdentification TenantIdentification `json:"tenantIdentification,omitempty,omitzero"`
+
+	// scheduler configures the rendered scheduler Deployment.
+	// +optional
+	Scheduler SchedulerSpec `json:"scheduler,omitempty,omitzero"`
+}
+
+// ModelQuotaStatus is what the provider last said about one model's quota.
+type ModelQuotaStatus struct {
+	// name of the model.
+	// +required
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+
+	// dialect of rate-limit headers detected on the model's responses
+	// (empty until a response carried one).
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Dialect string `json:"dialect,omitempty"`
+
+	// limitTokens is the provider's token limit per window, in provider tokens.
+	// +optional
+	LimitTokens *int64 `json:"limitTokens,omitempty"`
+
+	// remainingTokens is the provider's remaining token quota, in provider tokens.
+	// +optional
+	RemainingTokens *int64 `json:"remainingTokens,omitempty"`
+
+	// tokensResetTime is when the token quota is fully replenished.
+	// +optional
+	TokensResetTime *metav1.Time `json:"tokensResetTime,omitempty"`
+
+	// limitRequests is the provider's request limit per window.
+	// +optional
+	LimitRequests *int64 `json:"limitRequests,omitempty"`
+
+	// remainingRequests is the provider's remaining request quota.
+	// +optional
+	RemainingRequests *int64 `json:"remainingRequests,omitempty"`
+
+	// requestsResetTime is when the request quota is fully replenished.
+	// +optional
+	RequestsResetTime *metav1.Time `json:"requestsResetTime,omitempty"`
+
+	// pausedUntil is set while the model is paused after an upstream 429.
+	// +optional
+	PausedUntil *metav1.Time `json:"pausedUntil,omitempty"`
+}
+
+// ProviderPoolStatus is the observed state of a pool. Conditions Accepted and
+// Ready are written by the operator (field manager fairshare-controller);
+// Serving, Throttled and the live figures by the pool's scheduler (field
+// manager fairshare-scheduler).
+type ProviderPoolStatus struct {
+	// conditions: Accepted, Ready (operator); Serving, Throttled (scheduler).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// observedGeneration is the spec generation the operator last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// remainingTokens is the smallest remaining token quota across the
+	// pool's models, in provider tokens (the REMAINING column).
+	// +optional
+	RemainingTokens *int64 `json:"remainingTokens,omitempty"`
+
+	// pausedUntil is the latest pause of any model after an upstream 429.
+	// +optional
+	PausedUntil *metav1.Time `json:"pausedUntil,omitempty"`
+
+	// backlog is the number of batch jobs queued in the pool.
+	// +optional
+	Backlog *int64 `json:"backlog,omitempty"`
+
+	// inFlight is the number of upstream calls in flight.
+	// +optional
+	InFlight *int64 `json:"inFlight,omitempty"`
+
+	// tenants is the number of TenantQuotas the scheduler has loaded.
+	// +optional
+	Tenants *int64 `json:"tenants,omitempty"`
+
+	// upstreamThrottled is the number of 429 responses from the provider since
+	// the scheduler started.
+	// +optional
+	UpstreamThrottled *int64 `json:"upstreamThrottled,omitempty"`
+
+	// models is the provider's quota per model.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Models []ModelQuotaStatus `json:"models,omitempty"`
+
+	// lastReportTime is when the scheduler last wrote these figures.
+	// +optional
+	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+}
+
+// ProviderPool is one upstream LLM provider account (endpoint, credentials,
+// models, quota hints) shared fairly by the tenants whose TenantQuotas
+// reference it. The operator runs one scheduler Deployment per pool.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=pool;pools,categories=fairshare
+// +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.remainingTokens`,description="Smallest remaining provider token quota across models"
+// +kubebuilder:printcolumn:name="Paused",type=date,JSONPath=`.status.pausedUntil`,description="Paused after an upstream 429 until"
+// +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`,description="Queued batch jobs"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Upstream",type=string,JSONPath=`.spec.upstream.baseURL`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ProviderPool struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired pool.
+	// +required
+	Spec ProviderPoolSpec `json:"spec"`
+
+	// status is the observed pool.
+	// +optional
+	Status ProviderPoolStatus `json:"status,omitempty,omitzero"`
+}
+
+// ProviderPoolList is a list of ProviderPools.
+//
+// +kubebuilder:object:root=true
+type ProviderPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProviderPool `json:"items"`
+}

@@ -1,0 +1,65 @@
+package controllers
+
+import (
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fairshare-dev/fairshare/internal/render"
+)
+
+// EventSource is the component name on the events the operator records.
+const EventSource = "fairshare-controller"
+
+// Option configures a reconciler built by NewProviderPoolReconciler or
+// NewTenantQuotaReconciler.
+type Option func(*options)
+
+type options struct {
+	clock  clock.PassiveClock
+	render render.Options
+}
+
+func newOptions(opts []Option) options {
+	o := options{
+		clock:  clock.RealClock{},
+		render: render.Options{SchedulerClusterRole: render.DefaultSchedulerClusterRole},
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// WithClock sets the clock that stamps conditions' lastTransitionTime
+// (default: the real clock). Tests pass a fake clock to prove that an
+// unchanged condition keeps its time (BC-42).
+func WithClock(c clock.PassiveClock) Option {
+	return func(o *options) { o.clock = c }
+}
+
+// WithRenderOptions sets the operator-wide rendering inputs (scheduler image
+// and ClusterRole) of the ProviderPoolReconciler. Default: no default image
+// and render.DefaultSchedulerClusterRole.
+func WithRenderOptions(r render.Options) Option {
+	return func(o *options) { o.render = r }
+}
+
+// CacheByObject restricts the manager's cache of the kinds the operator owns
+// to the objects it rendered (label app.kubernetes.io/managed-by=fairshare),
+// so that the operator does not cache every ConfigMap, Service or Deployment
+// of the cluster. Pass it as cache.Options.ByObject.
+func CacheByObject() map[client.Object]cache.ByObject {
+	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{render.LabelManagedBy: render.ManagedBy})}
+	return map[client.Object]cache.ByObject{
+		&appsv1.Deployment{}:     managed,
+		&corev1.Service{}:        managed,
+		&corev1.ConfigMap{}:      managed,
+		&corev1.ServiceAccount{}: managed,
+		&rbacv1.RoleBinding{}:    managed,
+	}
+}

@@ -1,0 +1,92 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+)
+
+// ProviderPoolReconciler reconciles a ProviderPool into its scheduler objects
+// (ConfigMap, ServiceAccount, RoleBinding, Service, Deployment, all named
+// "<pool>-scheduler" and owned by the pool) and sets the pool's Accepted and
+// Ready conditions.
+type ProviderPoolReconciler struct {
+	client   client.Client
+	scheme   *runtime.Scheme
+	recorder record.EventRecorder
+	options
+}
+
+var _ reconcile.Reconciler = (*ProviderPoolReconciler)(nil)
+
+// NewProviderPoolReconciler returns a ProviderPoolReconciler that reads and
+// applies through c, resolves kinds with scheme and records events with
+// recorder. Options: WithClock, WithRenderOptions.
+func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder record.EventRecorder, opts ...Option) *ProviderPoolReconciler {
+	return &ProviderPoolReconciler{client: c, scheme: scheme, recorder: recorder, options: newOptions(opts)}
+}
+
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile applies the pool's rendered objects and then writes the pool's
+// Accepted and Ready conditions if they changed. A pool that cannot be
+// rendered is not retried (Accepted=False InvalidSpec until its spec
+// changes); an apply error is returned so the request is retried with backoff.
+func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pool := &v1alpha1.ProviderPool{}
+	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pool.DeletionTimestamp.IsZero() {
+		// The garbage collector deletes the owned objects; nothing to apply.
+		return ctrl.Result{}, nil
+	}
+
+	objs := r.reconcileObjects(ctx, pool)
+
+	desired := pool.DeepCopy()
+	now := conditionTime(r.clock)
+	setAcceptedCondition(desired, objs.renderErr, now)
+	setReadyCondition(desired, objs.deployment, errors.Join(objs.renderErr, objs.applyErr), now)
+	desired.Status.ObservedGeneration = pool.Generation
+
+	if err := r.reconcileStatus(ctx, pool, desired); err != nil {
+		return ctrl.Result{}, errors.Join(objs.applyErr, err)
+	}
+	return ctrl.Result{}, objs.applyErr
+}
+
+// SetupWithManager registers the reconciler: it runs on ProviderPool spec
+// changes (generation; the scheduler's periodic status writes do not trigger
+// it) and on any change to an owned object, so drift is re-applied and Ready
+// follows the Deployment.
+func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.ProviderPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Owns(&corev1.ConfigMap{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&rbacv1.RoleBinding{}).
+		Named("providerpool").
+		Complete(r)
+}

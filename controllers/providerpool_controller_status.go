@@ -1,0 +1,77 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/render"
+)
+
+// setAcceptedCondition sets the pool's Accepted condition: False with reason
+// InvalidSpec and the render error as message when renderErr wraps
+// render.ErrInvalidPool (the spec or name cannot be rendered), True with
+// reason Accepted otherwise.
+func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now metav1.Time) {
+	cond := metav1.Condition{
+		Type:               v1alpha1.ConditionAccepted,
+		Status:             metav1.ConditionTrue,
+		Reason:             v1alpha1.ReasonAccepted,
+		Message:            "ProviderPool accepted",
+		ObservedGeneration: pool.Generation,
+	}
+	if errors.Is(renderErr, render.ErrInvalidPool) {
+		cond.Status = metav1.ConditionFalse
+		cond.Reason = v1alpha1.ReasonInvalidSpec
+		cond.Message = renderErr.Error()
+	}
+	setCondition(&pool.Status.Conditions, cond, now)
+}
+
+// setReadyCondition sets the pool's Ready condition from the applied
+// Deployment:
+//   - False RenderFailed when err (render or apply) is non-nil;
+//   - False SchedulerProgressing while the Deployment is unknown or its
+//     controller has not observed its current generation;
+//   - True SchedulerAvailable when status.availableReplicas reaches
+//     requiredAvailable(deployment), else False SchedulerProgressing.
+func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, now metav1.Time) {
+	cond := metav1.Condition{
+		Type:               v1alpha1.ConditionReady,
+		Status:             metav1.ConditionFalse,
+		Reason:             v1alpha1.ReasonSchedulerProgressing,
+		ObservedGeneration: pool.Generation,
+	}
+	switch {
+	case err != nil:
+		cond.Reason = v1alpha1.ReasonRenderFailed
+		cond.Message = err.Error()
+	case deployment == nil:
+		cond.Message = fmt.Sprintf("Waiting for Deployment %s", render.Name(pool))
+	case deployment.Status.ObservedGeneration < deployment.Generation:
+		cond.Message = fmt.Sprintf("Deployment %s has not yet observed generation %d", deployment.Name, deployment.Generation)
+	default:
+		want, have := requiredAvailable(deployment), deployment.Status.AvailableReplicas
+		cond.Message = fmt.Sprintf("Deployment %s has %d of %d required replicas available", deployment.Name, have, want)
+		if have >= want {
+			cond.Status = metav1.ConditionTrue
+			cond.Reason = v1alpha1.ReasonSchedulerAvailable
+		}
+	}
+	setCondition(&pool.Status.Conditions, cond, now)
+}
+
+// requiredAvailable is the number of available scheduler replicas that makes
+// a pool Ready: spec.replicas for a single replica; 1 when replicas elect a
+// leader, because only the leader passes its readiness probe and serves
+// (the followers are deliberately unready).
+func requiredAvailable(d *appsv1.Deployment) int32 {
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	return min(replicas, 1)
+}

@@ -1,0 +1,85 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+)
+
+// controllerConditionTypes are the condition types the operator owns; every
+// status apply sends exactly these (a listType=map entry left out of an
+// apply would be removed from the field manager's set).
+var controllerConditionTypes = []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionReady}
+
+// conditionTime returns now truncated to whole seconds, the precision the API
+// server stores, so that a condition read back compares equal to the one written.
+func conditionTime(c clock.PassiveClock) metav1.Time {
+	return metav1.NewTime(c.Now().Truncate(time.Second))
+}
+
+// setCondition sets cond in conds. lastTransitionTime becomes now only when
+// the condition is new or its status flips; otherwise the existing time is
+// kept (BC-42).
+func setCondition(conds *[]metav1.Condition, cond metav1.Condition, now metav1.Time) {
+	cond.LastTransitionTime = now
+	apimeta.SetStatusCondition(conds, cond)
+}
+
+// statusChanged reports whether the operator-owned part of a status differs:
+// status.observedGeneration or any of controllerConditionTypes (type, status,
+// reason, message, observedGeneration, lastTransitionTime).
+func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGeneration int64) bool {
+	if oldGeneration != newGeneration {
+		return true
+	}
+	for _, t := range controllerConditionTypes {
+		if !equality.Semantic.DeepEqual(apimeta.FindStatusCondition(oldConds, t), apimeta.FindStatusCondition(newConds, t)) {
+			return true
+		}
+	}
+	return false
+}
+
+// applyStatus writes the operator's part of obj's status with server-side
+// apply on the status subresource under field manager
+// v1alpha1.FieldManagerController, with ForceOwnership. The apply carries only
+// apiVersion, kind, name, namespace, uid (a precondition: a recreated object
+// is not written with its predecessor's status), status.observedGeneration and
+// the controllerConditionTypes entries of conds, so fields applied by the
+// scheduler (field manager v1alpha1.FieldManagerScheduler) are left alone.
+// It returns the API server's error, if any.
+func applyStatus(ctx context.Context, c client.Client, obj client.Object, kind string, observedGeneration int64, conds []metav1.Condition) error {
+	list := make([]any, 0, len(controllerConditionTypes))
+	for _, t := range controllerConditionTypes {
+		cond := apimeta.FindStatusCondition(conds, t)
+		if cond == nil {
+			return fmt.Errorf("status apply of %s %s: condition %s not set", kind, client.ObjectKeyFromObject(obj), t)
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cond)
+		if err != nil {
+			return fmt.Errorf("converting condition %s: %w", t, err)
+		}
+		list = append(list, m)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"status": map[string]any{
+			"observedGeneration": observedGeneration,
+			"conditions":         list,
+		},
+	}}
+	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind(kind))
+	u.SetName(obj.GetName())
+	u.SetNamespace(obj.GetNamespace())
+	u.SetUID(obj.GetUID())
+	return c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership)
+}

@@ -1,0 +1,41 @@
+// Package fairqueue is the batch scheduler's fair queue: deficit round robin
+// (M. Shreedhar and G. Varghese, "Efficient fair queueing using deficit round
+// robin", SIGCOMM 1995) across tenants, by weighted token cost (seed 000, "Fair
+// queueing by cost" and "Backpressure and deadlines").
+//
+// Every tenant with queued work is in the round. A visit to a tenant adds one
+// quantum, scaled by the tenant's weight, to its deficit; the tenant then
+// dispatches jobs while its deficit covers the cost of its head job, and the
+// round moves on when it does not. A tenant with ten thousand queued jobs thus
+// gets the same share of weighted tokens per round as a tenant with one, a
+// tenant whose jobs are ten times larger gets a tenth of the jobs, and a weight
+// of three gets three times the tokens. A tenant whose queue empties leaves the
+// round with its deficit reset to 0, so it cannot bank credit while idle
+// (BC-34).
+//
+// Backpressure: a per-tenant bound (by count and optionally by weighted
+// tokens) and a pool-wide bound; one tenant's full queue never blocks another's
+// enqueue (seed 000). Deadlines: every job may carry a deadline; expired jobs
+// are dropped, returned to the caller, and never charged to the deficit
+// (BC-35, BC-37). Sweep drops expired jobs everywhere, so they stop counting
+// toward the bounds as soon as they expire, not only when the round reaches
+// them; a coarse deadline index (one bucket per second of deadline) keeps
+// Sweep cheap when nothing has expired.
+//
+// Eligibility: Dequeue takes a predicate that says whether a tenant may start
+// its head job now (its limiter's concurrency, KV blocks and token bucket). An
+// ineligible tenant is skipped without losing its place in the round or its
+// deficit, and gains no quantum while skipped; if no tenant is eligible after
+// one full pass, Dequeue returns nil rather than spinning. With Lookahead set,
+// a tenant whose head does not fit may dispatch a later job that does (a large
+// KV request must not block small ones, BC-32), at most MaxBypass times per
+// head job, so the large job's wait stays bounded.
+//
+// Cost: O(1) amortised per job; jobs are linked into intrusive lists (no
+// allocation per job beyond the caller's Job), tenants into a ring, and jobs
+// are indexed by ID for O(1) Cancel.
+//
+// A Queue is not safe for concurrent use: the caller serialises every call
+// with its own lock (the scheduler holds one mutex around the queue and the
+// limiter checks made from the eligibility predicate). Time is a parameter.
+package fairqueue

@@ -1,0 +1,653 @@
+package fairqueue
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Sentinel errors of Enqueue; test with errors.Is.
+var (
+	// ErrTenantFull: the tenant's queue is at its bound (count or tokens); the
+	// gateway answers 429 `queue_full` (seed 000 "Backpressure", BC-38).
+	ErrTenantFull = errors.New("fairqueue: tenant queue full")
+	// ErrPoolFull: the pool-wide bound Config.MaxTotal is reached.
+	ErrPoolFull = errors.New("fairqueue: pool queue full")
+	// ErrDuplicateID: a job with the same ID is already queued.
+	ErrDuplicateID = errors.New("fairqueue: duplicate job id")
+	// ErrExpired: the job's deadline is not after now (BC-37).
+	ErrExpired = errors.New("fairqueue: job deadline already passed")
+	// ErrInvalidJob: the job is nil, has an empty ID, or a cost below 1.
+	ErrInvalidJob = errors.New("fairqueue: invalid job")
+)
+
+// DefaultQuantum is the quantum used when Config.Quantum is below 1, in
+// weighted tokens (the ProviderPool's quantumTokens default).
+const DefaultQuantum int64 = 4096
+
+// Granularity is the width of one bucket of the deadline index: Sweep drops a
+// whole bucket without looking at its jobs once its end has passed, and
+// examines the jobs of the bucket that contains now one by one.
+const Granularity = time.Second
+
+// Job is one queued unit of batch work.
+//
+//   - ID identifies the job (unique among queued jobs); Tenant names its queue.
+//   - Cost is its estimated cost in weighted tokens (CostModel.Cost's Weighted:
+//     prompt*w_in + max_output*w_out), at least 1; the deficit is charged this.
+//   - Deadline: the job expires at this instant (zero: never). Expired jobs
+//     are never dispatched (BC-37).
+//   - Value is the caller's payload (the request body, a job record).
+//
+// A Job belongs to the queue from Enqueue until Dequeue, Cancel or Sweep
+// returns it; the caller must not change it meanwhile.
+type Job struct {
+	ID, Tenant string
+	Cost       int64
+	Deadline   time.Time
+	Value      any
+
+	prev, next   *Job // tenant FIFO, circular through tenantQ.head
+	dprev, dnext *Job // deadline bucket list, circular through dbucket.head
+	bypassed     int32
+}
+
+func (j *Job) queued() bool { return j.prev != nil }
+
+// expiredAt reports whether the job's deadline is at or before now.
+func (j *Job) expiredAt(now time.Time) bool {
+	return !j.Deadline.IsZero() && !now.Before(j.Deadline)
+}
+
+// Config configures a Queue.
+//
+//   - Quantum: weighted tokens added to a weight-1 tenant's deficit per round
+//     (ProviderPool spec quantumTokens); below 1 means DefaultQuantum.
+//   - MaxTotal: the pool-wide bound on queued jobs; 0 means none.
+//   - DefaultWeight: the weight of tenants without SetTenant; below 1 means 1.
+//   - DefaultMaxQueued: the per-tenant bound for tenants without SetTenant; 0
+//     means none.
+//   - DefaultMaxQueuedTokens: the per-tenant bound on queued weighted tokens
+//     for tenants without SetTenantMaxTokens; 0 means none.
+//   - Lookahead: when a tenant's head job is ineligible, how many further jobs
+//     of that tenant Dequeue may consider (0: strictly FIFO per tenant).
+//   - MaxBypass: how many times a head job may be overtaken through Lookahead
+//     before it blocks its tenant until it is dispatched (below 1 means 4),
+//     which bounds the wait of a large job (BC-32).
+type Config struct {
+	Quantum                int64
+	MaxTotal               int
+	DefaultWeight          int64
+	DefaultMaxQueued       int
+	DefaultMaxQueuedTokens int64
+	Lookahead              int
+	MaxBypass              int
+}
+
+// tenantQ is one tenant's FIFO queue and round-robin state.
+type tenantQ struct {
+	name       string
+	head       Job // sentinel of the FIFO
+	n          int
+	tokens     int64
+	deficit    int64
+	weight     int64 // 0: Config.DefaultWeight
+	maxQueued  int   // meaningful when countSet
+	maxTokens  int64 // meaningful when tokensSet
+	configured bool  // SetTenant or SetTenantMaxTokens was called: keep when empty
+	countSet   bool
+	tokensSet  bool
+	active     bool
+	prev, next *tenantQ // the round (ring of active tenants)
+	mark       uint64   // pass in which the tenant was last eligible
+	need       int64    // cost of the job it wanted in that pass
+}
+
+func (t *tenantQ) first() *Job {
+	if j := t.head.next; j != &t.head {
+		return j
+	}
+	return nil
+}
+
+// dbucket holds the queued jobs whose deadline falls in [key, key+1) *
+// Granularity since the Unix epoch.
+type dbucket struct {
+	key  int64
+	head Job // sentinel
+	idx  int // position in the heap
+}
+
+func (b *dbucket) empty() bool { return b.head.dnext == &b.head }
+
+type bucketHeap []*dbucket
+
+func (h bucketHeap) Len() int           { return len(h) }
+func (h bucketHeap) Less(i, j int) bool { return h[i].key < h[j].key }
+func (h bucketHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
+func (h *bucketHeap) Push(x any)        { b := x.(*dbucket); b.idx = len(*h); *h = append(*h, b) }
+func (h *bucketHeap) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return b
+}
+
+// Queue is a deficit-round-robin fair queue of jobs across tenants. It is not
+// safe for concurrent use: the caller holds a lock around every call.
+type Queue struct {
+	cfg     Config
+	tenants map[string]*tenantQ
+	byID    map[string]*Job
+	total   int
+
+	cur     *tenantQ // tenant whose turn it is; nil when no tenant is active
+	granted bool     // cur has received its quantum for this visit
+	nActive int
+	pass    uint64
+
+	buckets map[int64]*dbucket
+	bheap   bucketHeap
+	lastB   *dbucket
+	freeB   []*dbucket
+}
+
+// New returns an empty queue.
+func New(cfg Config) *Queue {
+	if cfg.Quantum < 1 {
+		cfg.Quantum = DefaultQuantum
+	}
+	if cfg.DefaultWeight < 1 {
+		cfg.DefaultWeight = 1
+	}
+	if cfg.MaxBypass < 1 {
+		cfg.MaxBypass = 4
+	}
+	cfg.Lookahead = max(0, cfg.Lookahead)
+	return &Queue{
+		cfg:     cfg,
+		tenants: make(map[string]*tenantQ),
+		byID:    make(map[string]*Job),
+		buckets: make(map[int64]*dbucket),
+	}
+}
+
+func (q *Queue) weight(t *tenantQ) int64 {
+	if t.weight > 0 {
+		return t.weight
+	}
+	return q.cfg.DefaultWeight
+}
+
+func (q *Queue) tenant(name string) *tenantQ {
+	t := q.tenants[name]
+	if t == nil {
+		t = &tenantQ{name: name}
+		t.head.prev, t.head.next = &t.head, &t.head
+		q.tenants[name] = t
+	}
+	return t
+}
+
+// SetTenant configures a tenant live (from its TenantQuota): weight (below 1
+// means Config.DefaultWeight) and maxQueued, the bound on its queued jobs (0:
+// no job may be queued, as spec.batch.maxQueuedJobs 0; below 0: no bound). It
+// applies to the queue as it stands: queued jobs are never dropped, a lowered
+// bound only refuses new jobs, and a new weight applies from the tenant's next
+// quantum.
+func (q *Queue) SetTenant(tenant string, weight int64, maxQueued int) {
+	t := q.tenant(tenant)
+	t.configured, t.countSet = true, true
+	t.weight = max(0, weight)
+	t.maxQueued = maxQueued
+}
+
+// SetTenantMaxTokens bounds the weighted tokens tenant may have queued
+// (below 1: no bound), alongside the count bound (BC-38). Like SetTenant it
+// applies live and never drops queued jobs.
+func (q *Queue) SetTenantMaxTokens(tenant string, maxTokens int64) {
+	t := q.tenant(tenant)
+	t.configured = true
+	t.tokensSet = true
+	t.maxTokens = maxTokens
+}
+
+// RemoveTenant forgets a tenant's configuration (its TenantQuota was
+// deleted): it falls back to the defaults. Its queued jobs stay.
+func (q *Queue) RemoveTenant(tenant string) {
+	t := q.tenants[tenant]
+	if t == nil {
+		return
+	}
+	t.configured, t.countSet, t.tokensSet, t.weight = false, false, false, 0
+	if t.n == 0 {
+		delete(q.tenants, tenant)
+	}
+}
+
+// Enqueue appends j to its tenant's queue at now. Errors: ErrInvalidJob (nil,
+// empty ID, Cost < 1), ErrExpired (deadline at or before now), ErrDuplicateID,
+// ErrTenantFull (the tenant's count or token bound), ErrPoolFull
+// (Config.MaxTotal), each wrapped with details. A tenant that was not in the
+// round joins it at the end with a deficit of 0 (BC-34).
+func (q *Queue) Enqueue(now time.Time, j *Job) error {
+	if j == nil || j.ID == "" || j.Cost < 1 {
+		return ErrInvalidJob
+	}
+	if j.expiredAt(now) {
+		return ErrExpired
+	}
+	if _, dup := q.byID[j.ID]; dup || j.queued() {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, j.ID)
+	}
+	t := q.tenants[j.Tenant]
+	limit, maxTokens := -1, q.cfg.DefaultMaxQueuedTokens // limit -1: no count bound
+	if q.cfg.DefaultMaxQueued > 0 {
+		limit = q.cfg.DefaultMaxQueued
+	}
+	n, tokens := 0, int64(0)
+	if t != nil {
+		n, tokens = t.n, t.tokens
+		if t.countSet {
+			limit = max(-1, t.maxQueued)
+		}
+		if t.tokensSet {
+			maxTokens = t.maxTokens
+		}
+	}
+	if limit >= 0 && n >= limit {
+		return fmt.Errorf("%w: tenant %q has %d jobs queued (max %d)", ErrTenantFull, j.Tenant, n, limit)
+	}
+	if maxTokens > 0 && tokens+j.Cost > maxTokens {
+		return fmt.Errorf("%w: tenant %q has %d weighted tokens queued, job needs %d (max %d)", ErrTenantFull, j.Tenant, tokens, j.Cost, maxTokens)
+	}
+	if q.cfg.MaxTotal > 0 && q.total >= q.cfg.MaxTotal {
+		return fmt.Errorf("%w: %d jobs queued (max %d)", ErrPoolFull, q.total, q.cfg.MaxTotal)
+	}
+	if t == nil {
+		t = q.tenant(j.Tenant)
+	}
+	j.bypassed = 0
+	j.prev, j.next = t.head.prev, &t.head
+	t.head.prev.next = j
+	t.head.prev = j
+	q.added(t, j)
+	q.dropEmptyBuckets()
+	return nil
+}
+
+// added accounts for j, already linked into t's FIFO.
+func (q *Queue) added(t *tenantQ, j *Job) {
+	t.n++
+	t.tokens += j.Cost
+	q.total++
+	q.byID[j.ID] = j
+	q.indexDeadline(j)
+	if !t.active {
+		q.activate(t)
+	}
+}
+
+// activate puts t at the end of the round with a deficit of 0.
+func (q *Queue) activate(t *tenantQ) {
+	t.active = true
+	t.deficit = 0
+	if q.cur == nil {
+		t.prev, t.next = t, t
+		q.cur, q.granted = t, false
+	} else {
+		t.prev, t.next = q.cur.prev, q.cur
+		q.cur.prev.next = t
+		q.cur.prev = t
+	}
+	q.nActive++
+}
+
+// deactivate takes an empty tenant out of the round and resets its deficit
+// (BC-34); an unconfigured empty tenant is forgotten.
+func (q *Queue) deactivate(t *tenantQ) {
+	if !t.active {
+		return
+	}
+	t.active = false
+	t.deficit = 0
+	if t.next == t {
+		q.cur = nil
+	} else {
+		t.prev.next = t.next
+		t.next.prev = t.prev
+		if q.cur == t {
+			q.cur, q.granted = t.next, false
+		}
+	}
+	t.prev, t.next = nil, nil
+	q.nActive--
+	if !t.configured && t.n == 0 {
+		delete(q.tenants, t.name)
+	}
+}
+
+// remove unlinks a queued job from everything; it leaves the deficit alone
+// except that a tenant whose queue empties leaves the round.
+func (q *Queue) remove(t *tenantQ, j *Job) {
+	j.prev.next = j.next
+	j.next.prev = j.prev
+	j.prev, j.next = nil, nil
+	if j.dprev != nil {
+		j.dprev.dnext = j.dnext
+		j.dnext.dprev = j.dprev
+		j.dprev, j.dnext = nil, nil
+	}
+	t.n--
+	t.tokens -= j.Cost
+	q.total--
+	delete(q.byID, j.ID)
+	if t.n == 0 {
+		q.deactivate(t)
+	}
+}
+
+// advance moves the turn to the next tenant in the round.
+func (q *Queue) advance() {
+	q.cur, q.granted = q.cur.next, false
+}
+
+// Dequeue returns the next job to dispatch at now by deficit round robin, and
+// the expired jobs it dropped on the way (never charged to a deficit, BC-35,
+// BC-37). eligible(tenant, job) reports whether the tenant may start that job
+// now (its limiter allows it); nil means every tenant is eligible.
+//
+// The tenant whose turn it is gets Quantum*weight added to its deficit once
+// per visit and dispatches its head job if the deficit covers the job's Cost
+// (the deficit is charged the Cost); otherwise the turn moves on and the
+// deficit is kept, so a job costing several quanta is served after a few
+// rounds. An ineligible tenant is passed over without losing its place or its
+// deficit and gains nothing while passed over. Dequeue returns nil when no
+// job is queued or after one full pass in which no tenant was eligible; it is
+// work-conserving: while any tenant is eligible, it returns a job, so a lone
+// eligible tenant gets everything.
+func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) bool) (next *Job, expired []*Job) {
+	q.pass++
+	seen, anyEligible := 0, false
+	for q.cur != nil {
+		t := q.cur
+		for j := t.first(); j != nil && j.expiredAt(now); j = t.first() {
+			q.remove(t, j)
+			expired = append(expired, j)
+		}
+		if !t.active { // emptied by expiry; remove moved the turn on
+			if seen >= q.nActive {
+				if !anyEligible || !q.fastForward() {
+					return nil, expired
+				}
+				seen, anyEligible = 0, false
+			}
+			continue
+		}
+		if pick := q.pick(t, now, eligible); pick != nil {
+			anyEligible = true
+			t.mark, t.need = q.pass, pick.Cost
+			if !q.granted {
+				t.deficit += q.cfg.Quantum * q.weight(t)
+				q.granted = true
+			}
+			if pick.Cost <= t.deficit {
+				if pick != t.first() {
+					t.first().bypassed++
+				}
+				t.deficit -= pick.Cost
+				q.remove(t, pick)
+				return pick, expired
+			}
+		}
+		q.advance()
+		seen++
+		if seen >= q.nActive {
+			if !anyEligible || !q.fastForward() {
+				return nil, expired
+			}
+			seen, anyEligible = 0, false
+		}
+	}
+	return nil, expired
+}
+
+// pick returns the job tenant t would dispatch now: its head if eligible,
+// else, with Lookahead, the first eligible live job among the next Lookahead
+// ones, unless the head has been bypassed MaxBypass times already.
+func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) bool) *Job {
+	head := t.first()
+	if eligible == nil || eligible(t.name, head) {
+		return head
+	}
+	if q.cfg.Lookahead == 0 || int(head.bypassed) >= q.cfg.MaxBypass {
+		return nil
+	}
+	j := head.next
+	for range q.cfg.Lookahead {
+		if j == &t.head {
+			break
+		}
+		if !j.expiredAt(now) && eligible(t.name, j) {
+			return j
+		}
+		j = j.next
+	}
+	return nil
+}
+
+// fastForward runs, in one step, the rounds in which every eligible tenant
+// would only accumulate deficit: after a full pass in which eligible tenants
+// existed but none could afford its job, it credits each of them (k-1)
+// quanta, k being the fewest rounds any of them needs. The next pass then
+// dispatches. It reports false if it found no eligible tenant.
+func (q *Queue) fastForward() bool {
+	if q.cur == nil {
+		return false
+	}
+	k := int64(math.MaxInt64)
+	t := q.cur
+	for {
+		if t.mark == q.pass {
+			per := q.cfg.Quantum * q.weight(t)
+			rounds := (t.need - t.deficit + per - 1) / per
+			k = min(k, max(1, rounds))
+		}
+		if t = t.next; t == q.cur {
+			break
+		}
+	}
+	if k == math.MaxInt64 {
+		return false
+	}
+	for {
+		if t.mark == q.pass {
+			t.deficit += (k - 1) * q.cfg.Quantum * q.weight(t)
+		}
+		if t = t.next; t == q.cur {
+			break
+		}
+	}
+	q.pass++
+	return true
+}
+
+// Requeue puts a job returned by Dequeue back at the head of its tenant's
+// queue (the upstream refused it, e.g. 429) and gives back the deficit it was
+// charged, so it is not charged twice. Bounds do not apply (the job was
+// already admitted). A job that is queued, or whose ID is queued, is left
+// alone.
+func (q *Queue) Requeue(j *Job) {
+	if j == nil || j.ID == "" || j.queued() {
+		return
+	}
+	if _, dup := q.byID[j.ID]; dup {
+		return
+	}
+	t := q.tenant(j.Tenant)
+	j.prev, j.next = &t.head, t.head.next
+	t.head.next.prev = j
+	t.head.next = j
+	q.added(t, j)
+	t.deficit += j.Cost
+}
+
+// Cancel removes the queued job with the given ID and returns it; false when
+// no such job is queued. O(1). The tenant's deficit is untouched.
+func (q *Queue) Cancel(id string) (*Job, bool) {
+	j, ok := q.byID[id]
+	if !ok {
+		return nil, false
+	}
+	q.remove(q.tenants[j.Tenant], j)
+	return j, true
+}
+
+// Get returns the queued job with the given ID.
+func (q *Queue) Get(id string) (*Job, bool) {
+	j, ok := q.byID[id]
+	return j, ok
+}
+
+// bucketKey returns the deadline bucket of d and false when d is beyond the
+// range of Unix nanoseconds (such a job is never swept, only checked at
+// dequeue).
+func bucketKey(d time.Time) (int64, bool) {
+	if d.Year() >= 2262 || d.Year() < 1678 {
+		return 0, false
+	}
+	ns := d.UnixNano()
+	k := ns / int64(Granularity)
+	if ns < 0 && ns%int64(Granularity) != 0 {
+		k--
+	}
+	return k, true
+}
+
+func (q *Queue) indexDeadline(j *Job) {
+	if j.Deadline.IsZero() {
+		return
+	}
+	key, ok := bucketKey(j.Deadline)
+	if !ok {
+		return
+	}
+	b := q.lastB
+	if b == nil || b.key != key {
+		b = q.buckets[key]
+		if b == nil {
+			if n := len(q.freeB); n > 0 {
+				b, q.freeB = q.freeB[n-1], q.freeB[:n-1]
+			} else {
+				b = &dbucket{}
+			}
+			b.key = key
+			b.head.dprev, b.head.dnext = &b.head, &b.head
+			q.buckets[key] = b
+			heap.Push(&q.bheap, b)
+		}
+		q.lastB = b
+	}
+	j.dprev, j.dnext = b.head.dprev, &b.head
+	b.head.dprev.dnext = j
+	b.head.dprev = j
+}
+
+// popBucket drops the bucket at the top of the heap.
+func (q *Queue) popBucket() {
+	b := heap.Pop(&q.bheap).(*dbucket)
+	delete(q.buckets, b.key)
+	if q.lastB == b {
+		q.lastB = nil
+	}
+	if len(q.freeB) < 64 {
+		q.freeB = append(q.freeB, b)
+	}
+}
+
+// dropEmptyBuckets drops empty buckets at the top of the heap (amortised
+// O(1): each bucket is dropped once).
+func (q *Queue) dropEmptyBuckets() {
+	for len(q.bheap) > 0 && q.bheap[0].empty() && q.bheap[0] != q.lastB {
+		q.popBucket()
+	}
+}
+
+// Sweep removes every job whose deadline is at or before now, wherever it is
+// queued, and returns them in deadline-bucket order (BC-35: expired jobs stop
+// counting toward the bounds at once, not when the round reaches them). It
+// never touches a deficit, except that a tenant whose queue empties leaves the
+// round. When nothing has expired it costs O(1) plus the jobs of the current
+// one-second deadline bucket.
+func (q *Queue) Sweep(now time.Time) []*Job {
+	var out []*Job
+	nowKey, ok := bucketKey(now)
+	if !ok {
+		nowKey = math.MaxInt64
+	}
+	for len(q.bheap) > 0 {
+		b := q.bheap[0]
+		if b.key > nowKey {
+			break
+		}
+		whole := b.key < nowKey // every deadline in b is before now's bucket
+		for j := b.head.dnext; j != &b.head; {
+			nx := j.dnext
+			if whole || j.expiredAt(now) {
+				q.remove(q.tenants[j.Tenant], j)
+				out = append(out, j)
+			}
+			j = nx
+		}
+		if !b.empty() {
+			break
+		}
+		q.popBucket()
+	}
+	return out
+}
+
+// Len returns the number of jobs queued for tenant.
+func (q *Queue) Len(tenant string) int {
+	if t := q.tenants[tenant]; t != nil {
+		return t.n
+	}
+	return 0
+}
+
+// Total returns the number of jobs queued in the pool.
+func (q *Queue) Total() int { return q.total }
+
+// Deficit returns tenant's deficit, in weighted tokens (0 when the tenant is
+// not in the round).
+func (q *Queue) Deficit(tenant string) int64 {
+	if t := q.tenants[tenant]; t != nil {
+		return t.deficit
+	}
+	return 0
+}
+
+// TenantStats is one tenant's queue state: jobs and weighted tokens queued,
+// deficit in weighted tokens, and effective weight.
+type TenantStats struct {
+	Tenant  string
+	Queued  int
+	Tokens  int64
+	Deficit int64
+	Weight  int64
+}
+
+// Tenants returns the state of every known tenant (queued work or
+// configured), sorted by name.
+func (q *Queue) Tenants() []TenantStats {
+	out := make([]TenantStats, 0, len(q.tenants))
+	for _, t := range q.tenants {
+		out = append(out, TenantStats{Tenant: t.name, Queued: t.n, Tokens: t.tokens, Deficit: t.deficit, Weight: q.weight(t)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	return out
+}

@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+// call is one admitted upstream call: the limiter reservation, an upstream
+// concurrency slot and a throttle permit. Settle it exactly once (settle is
+// guarded by a sync.Once; the limiter reservation is idempotent too), on
+// every exit path.
+type call struct {
+	g      *Gateway
+	tenant *registry.Tenant
+	model  *registry.Model
+	res    *limiter.Reservation
+	permit throttle.Permit
+	once   sync.Once
+}
+
+// settlement kinds.
+type settleKind int
+
+const (
+	// settleUsage completes the reservation from the provider's usage
+	// (Known false keeps the charge, BC-28a) and tells the throttle the
+	// provider tokens used.
+	settleUsage settleKind = iota
+	// settleRefund cancels the reservation (full refund, BC-22): the call
+	// failed before the provider processed it, or the provider answered an
+	// error (5xx, 4xx) that it does not count.
+	settleRefund
+	// settleThrottled cancels the reservation after an upstream 429; the
+	// caller has already called OnTooManyRequests.
+	settleThrottled
+)
+
+// admit runs admission for a call of prompt + maxOut tokens: the tenant's
+// budget, its limiter (charge prompt + max output, seed 002 section 3), an
+// upstream concurrency slot, the model's throttle with priority p. A refusal
+// after the limiter charged cancels the reservation (full refund, BC-22).
+func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority) (*call, *apiError) {
+	cost := pool.CostModel.Cost(prompt, maxOut)
+	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
+		return nil, budgetError(resetIn, st)
+	}
+	res, rej := t.Limiter.Admit(now, cost)
+	if rej != nil {
+		return nil, rejectionError(rej)
+	}
+	g.metrics.ChargedTokens.WithLabelValues(t.ID).Add(float64(cost.Weighted))
+	if !g.tryAcquire() {
+		g.refunded(t, res.Cancel(now))
+		return nil, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolConcurrency,
+			retryAfter: time.Second, retryable: true, message: "The pool has too many calls in flight to the provider. Retry in 1s."}
+	}
+	permit, ok, wait := m.Throttle.TryStart(now, cost.ProviderTokens, p)
+	if !ok {
+		g.refunded(t, res.Cancel(now))
+		g.release()
+		return nil, upstreamQuotaError(wait)
+	}
+	return &call{g: g, tenant: t, model: m, res: res, permit: permit}, nil
+}
+
+func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {
+	if s.RefundedWeighted > 0 {
+		g.metrics.RefundedTokens.WithLabelValues(t.ID).Add(float64(s.RefundedWeighted))
+	}
+}
+
+// settle settles the call once; later calls are no-ops. It returns the
+// limiter settlement (zero when already settled).
+func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
+	c.once.Do(func() {
+		g := c.g
+		now := g.clock.Now()
+		switch kind {
+		case settleUsage:
+			s = c.res.Complete(now, u)
+			c.model.Throttle.Done(now, c.permit, u.PromptTokens+u.OutputTokens, u.Known)
+		case settleRefund:
+			s = c.res.Cancel(now)
+			c.model.Throttle.Done(now, c.permit, 0, false)
+		case settleThrottled:
+			s = c.res.Cancel(now)
+		}
+		g.refunded(c.tenant, s)
+		c.tenant.AddUsed(now, s.UsedWeighted)
+		g.release()
+	})
+	return s
+}
+
+// usageJSON is the OpenAI usage object.
+type usageJSON struct {
+	PromptTokens     *int64 `json:"prompt_tokens"`
+	CompletionTokens *int64 `json:"completion_tokens"`
+}
+
+func (u *usageJSON) usage() limiter.Usage {
+	if u == nil || u.PromptTokens == nil {
+		return limiter.Usage{}
+	}
+	out := limiter.Usage{PromptTokens: *u.PromptTokens, Known: true}
+	if u.CompletionTokens != nil {
+		out.OutputTokens = *u.CompletionTokens
+	}
+	return out
+}
+
+// parseBodyUsage reads the usage of a non-streaming JSON response body.
+func parseBodyUsage(b []byte) limiter.Usage {
+	var v struct {
+		Usage *usageJSON `json:"usage"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return limiter.Usage{}
+	}
+	return v.Usage.usage()
+}

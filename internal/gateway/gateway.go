@@ -1,0 +1,262 @@
+// Package gateway is the scheduler's HTTP data plane: the OpenAI-compatible
+// interactive API (POST /v1/chat/completions, /v1/completions,
+// /v1/embeddings, streaming and not), the batch job API (/v1/jobs) and the
+// dispatcher that drains the fair queue to the provider.
+//
+// Two paths, one quota (seed 000 "Two paths, one quota"):
+//
+//   - Interactive calls are admitted at once or refused at once: the tenant
+//     limiter (seed 002 section 3: weighted tokens, input/output tokens,
+//     requests, concurrency, KV blocks; charge prompt + max output), the
+//     tenant budget, the pool's upstream concurrency, then the model's
+//     throttle with interactive priority (which may use the reserve).
+//     Refusals never queue: 429 for the tenant's own limits, 503 for the
+//     pool's capacity, 413 for a request that can never fit (BC-10), each
+//     with Retry-After rounded up (BC-09) and quota headers.
+//   - Batch jobs wait in the fair queue (deficit round robin by weighted
+//     cost). The dispatcher takes the next job whose tenant is within its
+//     limits, asks the throttle with batch priority (which leaves the
+//     reserve alone), and sends it; upstream 429 pauses the model and puts
+//     the job back at its tenant's head, 5xx and timeouts retry with
+//     exponential backoff and jitter until the deadline.
+//
+// Every admitted call is settled exactly once on every exit path: the
+// limiter reservation is completed from the provider's usage (or cancelled
+// with a full refund when the provider did not process the call), the
+// concurrency slot and KV blocks are released, and the throttle learns the
+// outcome (Observe, OnTooManyRequests or Done).
+//
+// The gateway does not talk to Kubernetes: it reads policy from
+// internal/registry and stores jobs in an internal/jobs.Store.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// Defaults of Options.
+const (
+	// DefaultMaxBodyBytes bounds a request body: 8 MiB.
+	DefaultMaxBodyBytes = 8 << 20
+	// DefaultMaxResponseBytes bounds a non-streaming response body read for
+	// its usage: 32 MiB (a larger body is passed through without usage).
+	DefaultMaxResponseBytes = 32 << 20
+	// DefaultUpstreamConcurrency bounds upstream calls in flight.
+	DefaultUpstreamConcurrency = 64
+)
+
+// Options configure a Gateway.
+type Options struct {
+	// Registry is the live policy and runtime state (required).
+	Registry *registry.Registry
+	// Store holds batch jobs; nil uses an in-memory store.
+	Store jobs.Store
+	// Clock drives admission times and the dispatcher's timers; nil is the
+	// real clock. Tests inject k8s.io/utils/clock/testing.FakeClock.
+	Clock clock.WithTicker
+	// Metrics receives counters; nil registers them on a private registry.
+	Metrics *metrics.Metrics
+	// ProviderKey, when not empty, is sent upstream as
+	// `Authorization: Bearer <key>`, and nowhere else.
+	ProviderKey string
+	// UpstreamConcurrency bounds calls in flight to the provider,
+	// interactive and batch together; <= 0 means 64.
+	UpstreamConcurrency int
+	// Client calls the provider; nil uses a pooled transport.
+	Client *http.Client
+	// Log receives operational messages (never keys or bodies).
+	Log logr.Logger
+	// MaxBodyBytes bounds request bodies; <= 0 means 8 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes bounds non-streaming bodies read for usage; <= 0
+	// means 32 MiB.
+	MaxResponseBytes int64
+	// Rand returns a number in [0, 1) for retry jitter; nil uses math/rand/v2.
+	Rand func() float64
+}
+
+// Gateway serves the data plane of one pool.
+type Gateway struct {
+	reg      *registry.Registry
+	store    jobs.Store
+	clock    clock.WithTicker
+	metrics  *metrics.Metrics
+	key      string
+	client   *http.Client
+	log      logr.Logger
+	maxBody  int64
+	maxResp  int64
+	rand     func() float64
+	sem      chan struct{}
+	mux      *http.ServeMux
+	dispatch *dispatcher
+
+	// upstreamCalls counts calls made to the provider (tests, status).
+	upstreamCalls atomic.Int64
+}
+
+// New returns a Gateway. Call Run to start the dispatcher and Handler to
+// serve HTTP.
+func New(o Options) *Gateway {
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Store == nil {
+		o.Store = jobs.NewMemStore(o.Clock, 0, 0)
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(prometheus.NewRegistry(), nil)
+	}
+	if o.UpstreamConcurrency <= 0 {
+		o.UpstreamConcurrency = DefaultUpstreamConcurrency
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: newTransport(o.UpstreamConcurrency)}
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.MaxResponseBytes <= 0 {
+		o.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	g := &Gateway{
+		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.ProviderKey,
+		client: o.Client, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
+		sem: make(chan struct{}, o.UpstreamConcurrency),
+	}
+	g.dispatch = newDispatcher(g)
+	g.reg.OnChange(g.dispatch.wake)
+	g.reg.OnTenantRemoved(g.tenantRemoved)
+	g.mux = http.NewServeMux()
+	g.mux.HandleFunc("POST "+endpointChat, g.interactive(endpointChat))
+	g.mux.HandleFunc("POST "+endpointCompletions, g.interactive(endpointCompletions))
+	g.mux.HandleFunc("POST "+endpointEmbeddings, g.interactive(endpointEmbeddings))
+	g.mux.HandleFunc("POST /v1/jobs", g.submitJob)
+	g.mux.HandleFunc("GET /v1/jobs", g.listJobs)
+	g.mux.HandleFunc("GET /v1/jobs/{id}", g.getJob)
+	g.mux.HandleFunc("DELETE /v1/jobs/{id}", g.cancelJob)
+	return g
+}
+
+func newTransport(conc int) *http.Transport {
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          max(100, conc*2),
+		MaxIdleConnsPerHost:   max(100, conc*2),
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// Handler returns the HTTP handler of the data plane.
+func (g *Gateway) Handler() http.Handler { return g }
+
+// ServeHTTP implements http.Handler: the routes of the package doc; other
+// paths get an OpenAI-style 404.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := g.mux.Handler(r)
+	if pattern == "" {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: "not_found",
+			message: "Unknown path " + r.URL.Path + "."})
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+// Run runs the dispatcher until ctx is cancelled; it waits for the upstream
+// calls it started to finish before returning.
+func (g *Gateway) Run(ctx context.Context) error {
+	return g.dispatch.run(ctx)
+}
+
+// UpstreamCalls returns the number of calls sent to the provider so far.
+func (g *Gateway) UpstreamCalls() int64 { return g.upstreamCalls.Load() }
+
+// tryAcquire takes an upstream concurrency slot without waiting.
+func (g *Gateway) tryAcquire() bool {
+	select {
+	case g.sem <- struct{}{}:
+		g.reg.AddInFlight(1)
+		return true
+	default:
+		return false
+	}
+}
+
+// release returns an upstream concurrency slot and wakes the dispatcher.
+func (g *Gateway) release() {
+	<-g.sem
+	g.reg.AddInFlight(-1)
+	g.dispatch.wake()
+}
+
+// hopHeaders are not forwarded in either direction (RFC 9110 section 7.6.1).
+var hopHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// providerQuotaHeader reports whether an upstream response header describes
+// the provider account's quota; those are replaced by the tenant's own.
+func providerQuotaHeader(k string) bool {
+	k = strings.ToLower(k)
+	return strings.HasPrefix(k, "x-ratelimit") || strings.HasPrefix(k, "ratelimit") ||
+		strings.HasPrefix(k, "anthropic-ratelimit") || strings.HasPrefix(k, "retry-after") ||
+		k == "x-ms-retry-after-ms"
+}
+
+// newUpstreamRequest builds the provider request: the client's headers
+// without hop-by-hop fields, the tenant's credentials and the trusted tenant
+// header; the provider key when configured.
+func (g *Gateway) newUpstreamRequest(ctx context.Context, pool *registry.PoolPolicy, path string, body []byte, in http.Header) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(pool.BaseURL, "/")+path, strings.NewReader(string(body)))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range in {
+		if hopHeaders[k] || k == "Authorization" || k == "Content-Length" || k == "Host" || k == "Cookie" ||
+			k == "Accept-Encoding" || strings.EqualFold(k, pool.IdentHeader) {
+			continue
+		}
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if g.key != "" {
+		req.Header.Set("Authorization", "Bearer "+g.key)
+	}
+	return req, nil
+}
+
+// copyResponseHeaders copies the provider's response headers except
+// hop-by-hop fields, Content-Length and the provider's quota fields.
+func copyResponseHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if hopHeaders[k] || k == "Content-Length" || providerQuotaHeader(k) {
+			continue
+		}
+		dst[k] = append([]string(nil), vs...)
+	}
+}
+
+// isTimeout reports whether err is a deadline or timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,267 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+func (g *Gateway) interactive(endpoint string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) { g.serveInteractive(w, r, endpoint) }
+}
+
+// refuse writes e and counts it against the tenant (t may be nil).
+func (g *Gateway) refuse(w http.ResponseWriter, t *registry.Tenant, e *apiError) {
+	id := ""
+	if t != nil {
+		id = t.ID
+		if e.status == http.StatusTooManyRequests || e.status == http.StatusForbidden ||
+			(e.status == http.StatusRequestEntityTooLarge && e.code == string(limiter.ReasonTooLarge)) {
+			t.AddRejection()
+		}
+	}
+	g.metrics.Requests.WithLabelValues(id, e.code).Inc()
+	writeError(w, e)
+}
+
+// serveInteractive serves one OpenAI request: identify, parse and estimate,
+// admit (never queue), proxy, settle.
+func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpoint string) {
+	t, pool, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return
+	}
+	body, aerr := readBody(r, g.maxBody)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	req, aerr := parseRequest(endpoint, body, pool)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	m := g.reg.Model(req.model)
+	if m == nil {
+		g.refuse(w, t, badRequest(codeModelNotFound, "The model "+strconv.Quote(req.model)+" is not served by this pool."))
+		return
+	}
+	c, aerr := g.admit(g.clock.Now(), t, pool, m, req.promptTokens, req.maxOutput, throttle.Interactive)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	// Safety net: a panic or a forgotten path still releases everything.
+	defer c.settle(settleRefund, limiter.Usage{})
+
+	upBody, injected, err := req.upstreamBody()
+	if err != nil {
+		c.settle(settleRefund, limiter.Usage{})
+		g.refuse(w, t, badRequest(codeInvalidRequest, "The request could not be re-encoded."))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), pool.UpstreamTimeout)
+	defer cancel()
+	upReq, err := g.newUpstreamRequest(ctx, pool, endpoint, upBody, r.Header)
+	if err != nil {
+		c.settle(settleRefund, limiter.Usage{})
+		g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamUnavailable, message: "The provider URL is invalid."})
+		return
+	}
+	g.upstreamCalls.Add(1)
+	resp, err := g.client.Do(upReq)
+	now := g.clock.Now()
+	if err != nil {
+		c.settle(settleRefund, limiter.Usage{})
+		g.metrics.UpstreamResponses.WithLabelValues(m.Name, "error").Inc()
+		switch {
+		case r.Context().Err() != nil:
+			g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeClientGone).Inc()
+		case isTimeout(err):
+			g.refuse(w, t, &apiError{status: http.StatusGatewayTimeout, typ: typeAPI, code: codeUpstreamTimeout,
+				message: "The provider did not answer in time."})
+		default:
+			g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamUnavailable,
+				message: "The provider could not be reached."})
+		}
+		return
+	}
+	defer resp.Body.Close()
+	g.metrics.UpstreamResponses.WithLabelValues(m.Name, strconv.Itoa(resp.StatusCode)).Inc()
+	q := throttle.ParseHeaders(resp.Header, now)
+
+	if resp.StatusCode == http.StatusTooManyRequests {
+		g.upstreamThrottled(now, c, q)
+		c.settle(settleThrottled, limiter.Usage{})
+		g.refuse(w, t, upstreamQuotaError(m.Throttle.PausedUntil().Sub(now)))
+		return
+	}
+	if q.Tokens.Known() || q.Requests.Known() {
+		m.Throttle.Observe(now, c.permit, q)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		// The provider refused or failed the call: full refund (BC-22), the
+		// status and body are passed through.
+		c.settle(settleRefund, limiter.Usage{})
+		g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeUpstreamError).Inc()
+		g.writeUpstream(w, t, resp, nil)
+		return
+	}
+	if req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		g.proxyStream(w, r, resp, c, injected)
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, g.maxResp+1))
+	if err != nil {
+		// The body broke off: the provider did process the call, keep the charge.
+		c.settle(settleUsage, limiter.Usage{})
+		g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamUnavailable,
+			message: "The provider's response broke off."})
+		return
+	}
+	var u limiter.Usage
+	if int64(len(b)) <= g.maxResp {
+		u = parseBodyUsage(b)
+	}
+	// Settle before the body is written, so a client that sends its next
+	// request after reading this response sees the refund (BC-24).
+	c.settle(settleUsage, u)
+	g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeOK).Inc()
+	g.writeUpstream(w, t, resp, b)
+}
+
+// upstreamThrottled records an upstream 429: the model's throttle pauses
+// every start until the provider's Retry-After or reset.
+func (g *Gateway) upstreamThrottled(now timeT, c *call, q throttle.Quota) {
+	c.model.Throttle.OnTooManyRequests(now, c.permit, q)
+	c.model.AddThrottled()
+	g.reg.AddUpstreamThrottled()
+	g.metrics.UpstreamThrottled.WithLabelValues(c.model.Name).Inc()
+}
+
+// writeUpstream writes a provider response: its headers (without the
+// provider's quota fields), the tenant's quota headers, the status and the
+// body read so far (prefix), then the rest of the body.
+func (g *Gateway) writeUpstream(w http.ResponseWriter, t *registry.Tenant, resp *http.Response, prefix []byte) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	setQuotaHeaders(h, tenantQuotaDims(t, t.Limiter.Snapshot(g.clock.Now()))...)
+	w.WriteHeader(resp.StatusCode)
+	if prefix != nil {
+		if _, err := w.Write(prefix); err != nil {
+			return
+		}
+	}
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// proxyStream forwards a server-sent-events stream event by event, flushing
+// each. Admission was decided before the first byte (BC-29). The usage
+// chunk settles the reservation (BC-24); when the gateway injected
+// include_usage the usage-only chunk is not forwarded, since the client did
+// not ask for it. A stream that ends without usage keeps the charge
+// (BC-28a); a client that goes away ends the upstream call and the
+// reservation is settled all the same (BC-23).
+func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected bool) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	setQuotaHeaders(h, tenantQuotaDims(c.tenant, c.tenant.Limiter.Snapshot(g.clock.Now()))...)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+
+	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	var event []byte
+	clientOK, settled := true, false
+	emit := func() {
+		if len(event) == 0 {
+			return
+		}
+		forward := true
+		if u, usageOnly, ok := eventUsage(event); ok {
+			if !settled {
+				c.settle(settleUsage, u)
+				settled = true
+			}
+			forward = !(injected && usageOnly)
+		}
+		if forward && clientOK {
+			if _, err := w.Write(event); err != nil {
+				clientOK = false
+			} else if err := rc.Flush(); err != nil {
+				clientOK = false
+			}
+		}
+		event = event[:0]
+	}
+	for clientOK {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			rest, err2 := br.ReadBytes('\n')
+			line, err = append(append([]byte(nil), line...), rest...), err2
+		}
+		event = append(event, line...)
+		if isBlankLine(line) {
+			emit()
+		}
+		if err != nil {
+			break
+		}
+	}
+	if clientOK {
+		emit()
+	}
+	if !settled {
+		c.settle(settleUsage, limiter.Usage{})
+	}
+	outcome := metrics.OutcomeOK
+	if !clientOK || r.Context().Err() != nil {
+		outcome = metrics.OutcomeClientGone
+	}
+	g.metrics.Requests.WithLabelValues(c.tenant.ID, outcome).Inc()
+}
+
+func isBlankLine(line []byte) bool {
+	return len(line) > 0 && len(bytes.TrimRight(line, "\r\n")) == 0
+}
+
+// eventUsage reads the usage of one SSE event: ok when a data line carries
+// a JSON object with a non-null usage; usageOnly when its choices are empty
+// (OpenAI's final usage chunk).
+func eventUsage(event []byte) (u limiter.Usage, usageOnly, ok bool) {
+	if !bytes.Contains(event, []byte(`"usage"`)) {
+		return u, false, false
+	}
+	for _, line := range bytes.Split(event, []byte("\n")) {
+		line = bytes.TrimRight(line, "\r")
+		data, found := bytes.CutPrefix(line, []byte("data:"))
+		if !found {
+			continue
+		}
+		data = bytes.TrimSpace(data)
+		if len(data) == 0 || data[0] != '{' {
+			continue
+		}
+		var ch struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *usageJSON        `json:"usage"`
+		}
+		if json.Unmarshal(data, &ch) != nil || ch.Usage == nil || ch.Usage.PromptTokens == nil {
+			continue
+		}
+		return ch.Usage.usage(), len(ch.Choices) == 0, true
+	}
+	return u, false, false
+}

@@ -1,0 +1,284 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/tiktoken-go/tokenizer"
+
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// OpenAI endpoints the gateway serves and proxies.
+const (
+	endpointChat        = "/v1/chat/completions"
+	endpointCompletions = "/v1/completions"
+	endpointEmbeddings  = "/v1/embeddings"
+)
+
+// Prompt token accounting follows OpenAI's published recipe for chat models
+// (openai-cookbook "How to count tokens with tiktoken"): content tokens plus
+// 3 per message, 1 more per message with a name, 3 to prime the reply.
+const (
+	messageOverheadTokens = 3
+	nameOverheadTokens    = 1
+	replyPrimingTokens    = 3
+)
+
+var cl100k = sync.OnceValues(func() (tokenizer.Codec, error) {
+	return tokenizer.Get(tokenizer.Cl100kBase)
+})
+
+// countTokens returns the cl100k_base tokens of s (a real tokenizer,
+// offline; brief "cost model").
+func countTokens(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	enc, err := cl100k()
+	if err != nil {
+		return 0, err
+	}
+	n, err := enc.Count(s)
+	return int64(n), err
+}
+
+// request is a parsed OpenAI request: the fields the gateway reads, and the
+// body as a map of raw fields so that unknown fields pass through unchanged.
+type request struct {
+	endpoint string
+	model    string
+	stream   bool
+	// clientUsage: the client asked for the streaming usage chunk
+	// (stream_options.include_usage).
+	clientUsage bool
+	// promptTokens estimated with cl100k_base; maxOutput is the output
+	// reservation (BC-28b/c), times n choices.
+	promptTokens, maxOutput int64
+	fields                  map[string]json.RawMessage
+	body                    []byte
+}
+
+// readBody reads at most limit bytes of the request body: 413
+// body_too_large beyond it.
+func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, badRequest(codeInvalidRequest, "Reading the request body failed.")
+	}
+	if int64(len(b)) > limit {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeBodyTooLarge,
+			message: fmt.Sprintf("The request body exceeds %d bytes.", limit)}
+	}
+	return b, nil
+}
+
+// parseRequest parses an OpenAI request body for endpoint and estimates its
+// cost inputs. Errors: 400 invalid_json for malformed JSON or a non-object,
+// 400 invalid_request for missing or ill-typed fields, 400 model_not_found
+// for a model the pool does not serve.
+//
+// The output reservation is the LARGER of max_completion_tokens and
+// max_tokens when both are set (BC-28b: a client cannot get 4096 tokens
+// charged as 1), else the one set, else the pool's defaultMaxOutputTokens
+// (BC-28c); embeddings reserve no output. It is multiplied by n (choices).
+func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*request, *apiError) {
+	req := &request{endpoint: endpoint, body: body}
+	if err := json.Unmarshal(body, &req.fields); err != nil || req.fields == nil {
+		return nil, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
+	}
+	if err := decodeField(req.fields, "model", &req.model); err != nil || req.model == "" {
+		return nil, badRequest(codeInvalidRequest, "The request needs a string \"model\".")
+	}
+	if !pool.HasModel(req.model) {
+		return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: codeModelNotFound,
+			message: fmt.Sprintf("The model %q is not served by this pool.", req.model)}
+	}
+	if err := decodeField(req.fields, "stream", &req.stream); err != nil {
+		return nil, badRequest(codeInvalidRequest, "\"stream\" must be a boolean.")
+	}
+	if raw, ok := req.fields["stream_options"]; ok && req.stream {
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(raw, &so); err != nil {
+			return nil, badRequest(codeInvalidRequest, "\"stream_options\" must be an object.")
+		}
+		req.clientUsage = so.IncludeUsage
+	}
+	var err error
+	switch endpoint {
+	case endpointChat:
+		req.promptTokens, err = chatPromptTokens(req.fields["messages"])
+	case endpointCompletions:
+		req.promptTokens, err = inputTokens(req.fields["prompt"])
+	case endpointEmbeddings:
+		req.promptTokens, err = inputTokens(req.fields["input"])
+	}
+	if err != nil {
+		return nil, badRequest(codeInvalidRequest, err.Error())
+	}
+	if endpoint != endpointEmbeddings {
+		var maxTokens, maxCompletion *int64
+		if decodeField(req.fields, "max_tokens", &maxTokens) != nil || decodeField(req.fields, "max_completion_tokens", &maxCompletion) != nil ||
+			(maxTokens != nil && *maxTokens < 0) || (maxCompletion != nil && *maxCompletion < 0) {
+			return nil, badRequest(codeInvalidRequest, "\"max_tokens\" and \"max_completion_tokens\" must be non-negative integers.")
+		}
+		switch {
+		case maxTokens != nil && maxCompletion != nil:
+			req.maxOutput = max(*maxTokens, *maxCompletion)
+		case maxTokens != nil:
+			req.maxOutput = *maxTokens
+		case maxCompletion != nil:
+			req.maxOutput = *maxCompletion
+		default:
+			req.maxOutput = pool.DefaultMaxOutputTokens
+		}
+		var n *int64
+		if decodeField(req.fields, "n", &n) != nil || (n != nil && *n < 1) {
+			return nil, badRequest(codeInvalidRequest, "\"n\" must be a positive integer.")
+		}
+		if n != nil && *n > 1 {
+			req.maxOutput *= min(*n, 128)
+		}
+	}
+	return req, nil
+}
+
+// decodeField decodes fields[name] into v when present and not null.
+func decodeField(fields map[string]json.RawMessage, name string, v any) error {
+	raw, ok := fields[name]
+	if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return nil
+	}
+	return json.Unmarshal(raw, v)
+}
+
+// chatPromptTokens estimates the prompt tokens of a chat request's messages.
+func chatPromptTokens(raw json.RawMessage) (int64, error) {
+	var msgs []struct {
+		Name    string          `json:"name"`
+		Content json.RawMessage `json:"content"`
+	}
+	if len(raw) == 0 {
+		return 0, errors.New("the request needs \"messages\"")
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return 0, errors.New("\"messages\" must be an array of message objects")
+	}
+	total := int64(replyPrimingTokens)
+	for i, m := range msgs {
+		text, err := contentText(m.Content)
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
+		}
+		n, err := countTokens(text)
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
+		}
+		total += n + messageOverheadTokens
+		if m.Name != "" {
+			total += nameOverheadTokens
+		}
+	}
+	return total, nil
+}
+
+// contentText is a message content's text: a JSON string, or the "text" of
+// each part of an array of content parts. Null or absent is empty.
+func contentText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
+	case '[':
+		var parts []struct {
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", err
+		}
+		var sb strings.Builder
+		for _, p := range parts {
+			sb.WriteString(p.Text)
+		}
+		return sb.String(), nil
+	}
+	return "", errors.New("content must be a string or an array of content parts")
+}
+
+// inputTokens estimates the tokens of a completions "prompt" or embeddings
+// "input": a string, an array of strings, an array of token ids, or an array
+// of arrays of token ids.
+func inputTokens(raw json.RawMessage) (int64, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return countTokens(s)
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		var total int64
+		for _, s := range ss {
+			n, err := countTokens(s)
+			if err != nil {
+				return 0, err
+			}
+			total += n
+		}
+		return total, nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return int64(len(ids)), nil
+	}
+	var idss [][]int64
+	if json.Unmarshal(raw, &idss) == nil {
+		var total int64
+		for _, ids := range idss {
+			total += int64(len(ids))
+		}
+		return total, nil
+	}
+	return 0, errors.New("the prompt or input must be a string, an array of strings or an array of token ids")
+}
+
+// upstreamBody returns the body to send upstream. For a stream whose client
+// did not ask for usage it sets stream_options.include_usage=true so that
+// the usage chunk can refund the reservation (BC-24, BC-28a); injected
+// reports whether it did (the usage-only chunk is then not forwarded).
+func (req *request) upstreamBody() (body []byte, injected bool, err error) {
+	if !req.stream || req.clientUsage || req.endpoint == endpointEmbeddings {
+		return req.body, false, nil
+	}
+	so := map[string]json.RawMessage{}
+	if raw, ok := req.fields["stream_options"]; ok {
+		_ = json.Unmarshal(raw, &so)
+	}
+	so["include_usage"] = json.RawMessage("true")
+	b, err := json.Marshal(so)
+	if err != nil {
+		return nil, false, err
+	}
+	fields := make(map[string]json.RawMessage, len(req.fields)+1)
+	for k, v := range req.fields {
+		fields[k] = v
+	}
+	fields["stream_options"] = b
+	body, err = json.Marshal(fields)
+	return body, true, err
+}

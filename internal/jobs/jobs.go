@@ -1,0 +1,141 @@
+package jobs
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Status is a job's place in its life cycle (see the package doc).
+type Status string
+
+// Job statuses, as returned by the job API.
+const (
+	// StatusQueued: waiting in the fair queue (or for a retry backoff).
+	StatusQueued Status = "queued"
+	// StatusRunning: the upstream call is in flight.
+	StatusRunning Status = "running"
+	// StatusSucceeded: the provider answered 2xx; Response and Usage are set.
+	StatusSucceeded Status = "succeeded"
+	// StatusFailed: the job will not run (again); Error says why.
+	StatusFailed Status = "failed"
+	// StatusExpired: the deadline passed before the job was sent; it was
+	// never charged (BC-35, BC-37).
+	StatusExpired Status = "expired"
+	// StatusCancelled: the tenant cancelled the job while it was queued.
+	StatusCancelled Status = "cancelled"
+)
+
+// Finished reports whether s is a terminal status.
+func (s Status) Finished() bool {
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusExpired, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is one of the six statuses.
+func (s Status) Valid() bool {
+	return s == StatusQueued || s == StatusRunning || s.Finished()
+}
+
+// Usage is the provider's usage of a succeeded job, in provider tokens.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+}
+
+// Error is why a job failed or expired: a machine-readable Code
+// (for example "deadline_exceeded", "upstream_error", "tenant_removed") and
+// a human-readable Message.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Job is one batch job. Body, Metadata and Response are treated as
+// immutable once stored: the store hands out copies of Job that share them.
+type Job struct {
+	// ID is assigned by Store.Create: "job_" + 16 hex digits of the store
+	// sequence + 8 random hex digits, so IDs sort in submission order.
+	ID string
+	// Tenant is the owning tenant id; other tenants never see the job.
+	Tenant string
+	// Status is the life-cycle status.
+	Status Status
+	// Endpoint is the OpenAI path the body is sent to, for example
+	// "/v1/chat/completions".
+	Endpoint string
+	// Model is the body's "model".
+	Model string
+	// Body is the request body sent upstream (never streaming).
+	Body json.RawMessage
+	// PromptTokens and MaxOutputTokens are the cost estimate at submission,
+	// in provider tokens (brief "cost model").
+	PromptTokens, MaxOutputTokens int64
+	// Metadata is the caller's opaque metadata object, returned as given.
+	Metadata json.RawMessage
+	// CreatedAt is the submission time; StartedAt the first upstream call
+	// (zero until then); FinishedAt the time of the terminal status.
+	CreatedAt, StartedAt, FinishedAt time.Time
+	// Deadline is the time after which the job is not sent any more.
+	Deadline time.Time
+	// Attempts is the number of upstream calls made.
+	Attempts int
+	// DispatchSeq is the job's position (1-based) in the pool's global
+	// dispatch order, of its latest upstream call; 0 until dispatched.
+	DispatchSeq int64
+	// QueueWait is StartedAt - CreatedAt, the time spent queued before the
+	// first upstream call.
+	QueueWait time.Duration
+	// Usage is the provider's usage of a succeeded job.
+	Usage *Usage
+	// Response is the provider's JSON body of a succeeded job, or of the
+	// last failed attempt when it was JSON.
+	Response json.RawMessage
+	// Error says why the job failed, expired or was cancelled.
+	Error *Error
+
+	seq uint64
+}
+
+// Errors returned by Store implementations.
+var (
+	// ErrNotFound: no job with that id (or it was pruned after retention).
+	ErrNotFound = errors.New("job not found")
+	// ErrInvalidCursor: the "after" cursor is not a job id of this store.
+	ErrInvalidCursor = errors.New("invalid cursor")
+)
+
+// Filter selects jobs for Store.List.
+type Filter struct {
+	// Status, when not empty, keeps only jobs in that status.
+	Status Status
+	// After, when not empty, is a job id: only jobs submitted after it are
+	// listed (keyset paging; the id need not still exist).
+	After string
+	// Limit is the page size; <= 0 means no limit.
+	Limit int
+}
+
+// Store persists jobs. Implementations are safe for concurrent use and
+// return copies of Job.
+type Store interface {
+	// Create assigns j an ID and stores it; it returns the stored job.
+	Create(j Job) (Job, error)
+	// Get returns the job with that id, or ErrNotFound.
+	Get(id string) (Job, error)
+	// Update applies fn to the stored job under the store's lock and
+	// returns the result; an error from fn aborts the update and is
+	// returned as is. ErrNotFound when the id is unknown.
+	Update(id string, fn func(j *Job) error) (Job, error)
+	// Delete removes a job (a submission that could not be queued).
+	Delete(id string) error
+	// List returns the tenant's jobs in submission order that match f, and
+	// whether more matching jobs follow the page. ErrInvalidCursor when
+	// f.After is not an id of this store's format.
+	List(tenant string, f Filter) ([]Job, bool, error)
+	// Counts returns the number of stored jobs per status, for all tenants.
+	Counts() map[Status]int
+}

@@ -1,0 +1,246 @@
+package jobs
+
+import (
+	"container/list"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Defaults of MemStore retention.
+const (
+	// DefaultRetention is how long finished jobs stay readable: 24 hours.
+	DefaultRetention = 24 * time.Hour
+	// DefaultMaxFinished bounds the finished jobs kept across all tenants.
+	DefaultMaxFinished = 100000
+)
+
+// MemStore is an in-memory Store. Finished jobs are kept for Retention after
+// they finish and at most MaxFinished of them (oldest finished first out);
+// queued and running jobs are never pruned.
+type MemStore struct {
+	clock       clock.PassiveClock
+	retention   time.Duration
+	maxFinished int
+
+	mu       sync.Mutex
+	seq      uint64
+	byID     map[string]*entry
+	byTenant map[string]*tenantJobs
+	finished *list.List // of *entry, in finish order
+	counts   map[Status]int
+}
+
+type entry struct {
+	job      Job
+	finished *list.Element
+	gone     bool
+}
+
+// tenantJobs are a tenant's entries in submission (seq) order; deleted
+// entries are marked gone and compacted lazily.
+type tenantJobs struct {
+	items []*entry
+	gone  int
+}
+
+// NewMemStore returns an empty store that reads time from clk. retention <=
+// 0 means DefaultRetention; maxFinished <= 0 means DefaultMaxFinished.
+func NewMemStore(clk clock.PassiveClock, retention time.Duration, maxFinished int) *MemStore {
+	if retention <= 0 {
+		retention = DefaultRetention
+	}
+	if maxFinished <= 0 {
+		maxFinished = DefaultMaxFinished
+	}
+	return &MemStore{
+		clock: clk, retention: retention, maxFinished: maxFinished,
+		byID: map[string]*entry{}, byTenant: map[string]*tenantJobs{},
+		finished: list.New(), counts: map[Status]int{},
+	}
+}
+
+// newID returns "job_" + 16 hex digits of seq + 8 random hex digits.
+func newID(seq uint64) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("job_%016x%s", seq, hex.EncodeToString(b[:]))
+}
+
+// seqOf parses the sequence number out of an id made by newID.
+func seqOf(id string) (uint64, bool) {
+	if len(id) != 4+16+8 || id[:4] != "job_" {
+		return 0, false
+	}
+	s, err := strconv.ParseUint(id[4:20], 16, 64)
+	return s, err == nil
+}
+
+// Create implements Store.
+func (s *MemStore) Create(j Job) (Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	j.seq = s.seq
+	j.ID = newID(j.seq)
+	e := &entry{job: j}
+	s.byID[j.ID] = e
+	tj := s.byTenant[j.Tenant]
+	if tj == nil {
+		tj = &tenantJobs{}
+		s.byTenant[j.Tenant] = tj
+	}
+	tj.items = append(tj.items, e)
+	s.counts[j.Status]++
+	if j.Status.Finished() {
+		e.finished = s.finished.PushBack(e)
+	}
+	s.pruneLocked(s.clock.Now())
+	return j, nil
+}
+
+// Get implements Store.
+func (s *MemStore) Get(id string) (Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return Job{}, ErrNotFound
+	}
+	return e.job, nil
+}
+
+// Update implements Store.
+func (s *MemStore) Update(id string, fn func(j *Job) error) (Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return Job{}, ErrNotFound
+	}
+	j := e.job
+	if err := fn(&j); err != nil {
+		return e.job, err
+	}
+	j.ID, j.Tenant, j.seq = e.job.ID, e.job.Tenant, e.job.seq
+	if j.Status != e.job.Status {
+		s.counts[e.job.Status]--
+		s.counts[j.Status]++
+	}
+	e.job = j
+	if j.Status.Finished() && e.finished == nil {
+		e.finished = s.finished.PushBack(e)
+	} else if !j.Status.Finished() && e.finished != nil {
+		s.finished.Remove(e.finished)
+		e.finished = nil
+	}
+	s.pruneLocked(s.clock.Now())
+	return j, nil
+}
+
+// Delete implements Store.
+func (s *MemStore) Delete(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return ErrNotFound
+	}
+	s.removeLocked(e)
+	return nil
+}
+
+func (s *MemStore) removeLocked(e *entry) {
+	delete(s.byID, e.job.ID)
+	s.counts[e.job.Status]--
+	if e.finished != nil {
+		s.finished.Remove(e.finished)
+		e.finished = nil
+	}
+	e.gone = true
+	tj := s.byTenant[e.job.Tenant]
+	tj.gone++
+	if tj.gone == len(tj.items) {
+		delete(s.byTenant, e.job.Tenant)
+		return
+	}
+	if tj.gone > 64 && tj.gone*2 > len(tj.items) {
+		live := tj.items[:0]
+		for _, it := range tj.items {
+			if !it.gone {
+				live = append(live, it)
+			}
+		}
+		clear(tj.items[len(live):])
+		tj.items, tj.gone = live, 0
+	}
+}
+
+// Prune drops finished jobs older than the retention period or beyond the
+// bounded count, at now. Create and Update prune as well.
+func (s *MemStore) Prune(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(now)
+}
+
+func (s *MemStore) pruneLocked(now time.Time) {
+	for front := s.finished.Front(); front != nil; front = s.finished.Front() {
+		e := front.Value.(*entry)
+		if s.finished.Len() <= s.maxFinished && now.Sub(e.job.FinishedAt) < s.retention {
+			return
+		}
+		s.removeLocked(e)
+	}
+}
+
+// List implements Store.
+func (s *MemStore) List(tenant string, f Filter) ([]Job, bool, error) {
+	var after uint64
+	if f.After != "" {
+		var ok bool
+		if after, ok = seqOf(f.After); !ok {
+			return nil, false, ErrInvalidCursor
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tj := s.byTenant[tenant]
+	if tj == nil {
+		return []Job{}, false, nil
+	}
+	i := sort.Search(len(tj.items), func(i int) bool { return tj.items[i].job.seq > after })
+	out := []Job{}
+	for ; i < len(tj.items); i++ {
+		e := tj.items[i]
+		if e.gone || (f.Status != "" && e.job.Status != f.Status) {
+			continue
+		}
+		if f.Limit > 0 && len(out) == f.Limit {
+			return out, true, nil
+		}
+		out = append(out, e.job)
+	}
+	return out, false, nil
+}
+
+// Counts implements Store.
+func (s *MemStore) Counts() map[Status]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[Status]int, len(s.counts))
+	for k, v := range s.counts {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+var _ Store = (*MemStore)(nil)

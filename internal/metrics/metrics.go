@@ -1,0 +1,185 @@
+// Package metrics defines the scheduler's Prometheus metrics, all named
+// fairshare_scheduler_* with their unit in the name (style 2.6).
+//
+// Counters and the queue-wait histogram are updated by the gateway as
+// things happen. Per-tenant and per-model gauges are not stored at all: a
+// custom Collector reads a registry.Snapshot at scrape time, so a deleted
+// tenant leaves no stale series. Metrics are registered on an injected
+// prometheus.Registerer, so tests use a fresh registry.
+//
+// Tenant ids are label values: their number is bounded by the TenantQuotas
+// of the pool. Requests that cannot be attributed to a tenant are counted
+// under tenant="" (unauthenticated).
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+const namespace, subsystem = "fairshare", "scheduler"
+
+// Request outcomes (label "outcome" of fairshare_scheduler_requests_total)
+// other than the error codes of refused requests.
+const (
+	// OutcomeOK: answered by the provider with 2xx.
+	OutcomeOK = "ok"
+	// OutcomeQueued: a batch job was accepted into the queue.
+	OutcomeQueued = "queued"
+	// OutcomeUpstreamError: the provider answered non-2xx (not 429) or could
+	// not be reached.
+	OutcomeUpstreamError = "upstream_error"
+	// OutcomeClientGone: the client went away before the answer was sent.
+	OutcomeClientGone = "client_gone"
+)
+
+// Metrics holds the scheduler's counters and histograms.
+type Metrics struct {
+	// Requests counts interactive requests and job submissions by tenant
+	// and outcome.
+	Requests *prometheus.CounterVec
+	// UpstreamResponses counts provider responses by model and HTTP status
+	// code ("error" when no response was received).
+	UpstreamResponses *prometheus.CounterVec
+	// UpstreamThrottled counts provider 429 responses by model.
+	UpstreamThrottled *prometheus.CounterVec
+	// ChargedTokens counts weighted tokens charged at admission, by tenant.
+	ChargedTokens *prometheus.CounterVec
+	// RefundedTokens counts weighted tokens refunded at settlement, by tenant.
+	RefundedTokens *prometheus.CounterVec
+	// JobsExpired counts batch jobs that reached their deadline unsent, by tenant.
+	JobsExpired *prometheus.CounterVec
+	// JobsFinished counts batch jobs by terminal status (no tenant label).
+	JobsFinished *prometheus.CounterVec
+	// QueueWait observes the time a batch job waited before its first
+	// upstream call, in seconds (no tenant label).
+	QueueWait prometheus.Histogram
+}
+
+// New builds the metrics and registers them, with a scrape-time collector
+// of per-tenant and per-model gauges reading snapshot, on reg. snapshot may
+// be nil (no gauges).
+func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics {
+	opts := func(name, help string) prometheus.CounterOpts {
+		return prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
+	}
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(opts("requests_total",
+			"Interactive requests and job submissions, by tenant and outcome.\n"+
+				"outcome is ok, queued, upstream_error, client_gone, or the error code of a refusal\n"+
+				"(token_rate_limit, request_rate_limit, concurrency_limit, memory_limit, queue_full,\n"+
+				"budget_exhausted, upstream_quota_exhausted, request_too_large, tenant_suspended, ...)."),
+			[]string{"tenant", "outcome"}),
+		UpstreamResponses: prometheus.NewCounterVec(opts("upstream_responses_total",
+			"Provider responses by model and HTTP status code (\"error\" when no response arrived)."),
+			[]string{"model", "code"}),
+		UpstreamThrottled: prometheus.NewCounterVec(opts("upstream_throttled_total",
+			"Provider 429 responses by model; each pauses the model's throttle."),
+			[]string{"model"}),
+		ChargedTokens: prometheus.NewCounterVec(opts("charged_weighted_tokens_total",
+			"Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant."),
+			[]string{"tenant"}),
+		RefundedTokens: prometheus.NewCounterVec(opts("refunded_weighted_tokens_total",
+			"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call\n"+
+				"that failed before the provider counted it), by tenant."),
+			[]string{"tenant"}),
+		JobsExpired: prometheus.NewCounterVec(opts("jobs_expired_total",
+			"Batch jobs that reached their deadline before being sent (never charged), by tenant."),
+			[]string{"tenant"}),
+		JobsFinished: prometheus.NewCounterVec(opts("jobs_finished_total",
+			"Batch jobs that reached a terminal status: succeeded, failed, expired or cancelled."),
+			[]string{"status"}),
+		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "queue_wait_seconds",
+			Help:    "Time a batch job waited in the fair queue before its first upstream call, in seconds.",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+	}
+	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
+		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.QueueWait)
+	if snapshot != nil {
+		reg.MustRegister(&collector{snapshot: snapshot})
+	}
+	return m
+}
+
+// ForgetTenant deletes the tenant's counter series (its TenantQuota was
+// removed), so a deleted tenant leaves no series behind.
+func (m *Metrics) ForgetTenant(tenant string) {
+	l := prometheus.Labels{"tenant": tenant}
+	m.Requests.DeletePartialMatch(l)
+	m.ChargedTokens.DeletePartialMatch(l)
+	m.RefundedTokens.DeletePartialMatch(l)
+	m.JobsExpired.DeletePartialMatch(l)
+}
+
+// ObserveQueueWait records one job's queue wait.
+func (m *Metrics) ObserveQueueWait(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, name), help, labels, nil)
+}
+
+var (
+	descTenantQueued    = desc("tenant_queued_jobs", "Batch jobs queued, by tenant.", "tenant")
+	descTenantInFlight  = desc("tenant_in_flight_requests", "Upstream calls in flight, by tenant.", "tenant")
+	descTenantKV        = desc("tenant_kv_blocks", "KV-cache blocks held by in-flight calls, by tenant.", "tenant")
+	descTenantRemaining = desc("tenant_remaining_weighted_tokens", "Weighted tokens left in the tenant's token bucket (absent when unlimited).", "tenant")
+	descTenantLimited   = desc("tenant_limited", "1 while one of the tenant's limits binds, else 0.", "tenant")
+	descTenants         = desc("tenants", "Tenants loaded by the scheduler.")
+	descQueued          = desc("queued_jobs", "Batch jobs queued in the pool.")
+	descInFlight        = desc("upstream_in_flight_requests", "Upstream calls in flight from the pool.")
+	descModelRemaining  = desc("upstream_remaining_tokens", "Provider tokens the provider's quota has left for the model (estimate; absent when unknown).", "model")
+	descModelLimit      = desc("upstream_limit_tokens", "Provider token limit per window for the model (absent when unknown).", "model")
+	descModelPaused     = desc("upstream_paused", "1 while the model is paused after an upstream 429, else 0.", "model")
+)
+
+// collector exports gauges from a snapshot taken at scrape time.
+type collector struct {
+	snapshot func() registry.Snapshot
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descTenantQueued, descTenantInFlight, descTenantKV, descTenantRemaining,
+		descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit, descModelPaused} {
+		ch <- d
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.snapshot()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	g(descTenants, float64(len(s.Tenants)))
+	g(descQueued, float64(s.Backlog))
+	g(descInFlight, float64(s.InFlight))
+	for _, t := range s.Tenants {
+		g(descTenantQueued, float64(t.Queued), t.ID)
+		g(descTenantInFlight, float64(t.Limiter.InFlight), t.ID)
+		g(descTenantKV, float64(t.Limiter.KVBlocks), t.ID)
+		if t.Limiter.TokensRemaining >= 0 {
+			g(descTenantRemaining, float64(t.Limiter.TokensRemaining), t.ID)
+		}
+		g(descTenantLimited, b2f(t.Limiter.Limited), t.ID)
+	}
+	for _, m := range s.Models {
+		if m.Status.TokensRemaining >= 0 {
+			g(descModelRemaining, float64(m.Status.TokensRemaining), m.Name)
+		}
+		if m.Status.TokensLimit > 0 {
+			g(descModelLimit, float64(m.Status.TokensLimit), m.Name)
+		}
+		g(descModelPaused, b2f(m.Status.Paused), m.Name)
+	}
+}

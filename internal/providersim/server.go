@@ -1,0 +1,640 @@
+// Package providersim is an OpenAI-compatible LLM provider simulator for the
+// demo, end-to-end tests and load tests.
+//
+// It serves chat completions (plain JSON and server-sent-event streams) and
+// enforces a provider quota for real, the way OpenAI documents it: two
+// continuously replenished token buckets, one for requests per minute and one
+// for tokens per minute, each with capacity = the per-minute limit and a refill
+// rate of limit/60 per second. On receipt a request is charged 1 request and
+// prompt + max output tokens (OpenAI reserves max_tokens up front); if either
+// bucket is short the request is answered 429 and charged nothing. After the
+// response is generated the unused part of the output reservation is refunded.
+// Every chat completion response carries OpenAI's x-ratelimit-* headers
+// describing both buckets (see /work/shared/provider-headers.md, OpenAI).
+package providersim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Dialects of rate-limit headers and error bodies. Only DialectOpenAI is
+// implemented; the others are reserved names for later.
+const (
+	// DialectOpenAI emits x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+	// with Go-style durations and OpenAI error bodies.
+	DialectOpenAI = "openai"
+)
+
+const (
+	// DefaultMaxOutputTokens is the output reservation, in tokens, for a request
+	// that sets neither max_completion_tokens nor max_tokens.
+	DefaultMaxOutputTokens = 1024
+	// DefaultOutputTokens is the number of tokens generated per response when
+	// Config.OutputTokens is 0.
+	DefaultOutputTokens = 32
+	// DefaultModel is the model listed by GET /v1/models when Config.Models is empty.
+	DefaultModel = "gpt-4o-mini"
+	// maxBodyBytes bounds a request body, in bytes.
+	maxBodyBytes = 32 << 20
+)
+
+// Config configures a Server. The zero value is an unlimited, instant
+// provider in the OpenAI dialect on the real clock.
+type Config struct {
+	// TokensPerMinute is the tokens quota (TPM): bucket capacity in tokens,
+	// refilled at TokensPerMinute/60 tokens per second. 0 = unlimited, and the
+	// token headers are omitted.
+	TokensPerMinute int64
+	// RequestsPerMinute is the requests quota (RPM): bucket capacity in
+	// requests, refilled at RequestsPerMinute/60 per second. 0 = unlimited, and
+	// the request headers are omitted.
+	RequestsPerMinute int64
+	// Latency is the delay between admission and the first byte of the response.
+	Latency time.Duration
+	// OutputTokens is the number of tokens generated per response, capped by
+	// the request's max_completion_tokens (else max_tokens, else
+	// DefaultMaxOutputTokens). 0 means DefaultOutputTokens.
+	OutputTokens int64
+	// FrameInterval is the delay between two streamed frames (tokens). A
+	// non-streaming response is sent when its last frame would have been:
+	// Latency + (generated-1)*FrameInterval after admission.
+	FrameInterval time.Duration
+	// Dialect selects the header and error format: "" or DialectOpenAI.
+	// "anthropic", "azure", "classic" and "ietf" are reserved for later.
+	Dialect string
+	// Models lists the model ids served by GET /v1/models; chat completions
+	// accept any model. Empty means [DefaultModel].
+	Models []string
+	// Clock is the time source for the buckets and delays. nil = the real clock.
+	Clock clock.Clock
+}
+
+// Validate reports a configuration error: negative limits, durations or
+// output tokens, or an unimplemented Dialect.
+func (c Config) Validate() error {
+	switch {
+	case c.TokensPerMinute < 0, c.RequestsPerMinute < 0:
+		return errors.New("providersim: limits must be >= 0 (0 = unlimited)")
+	case c.Latency < 0, c.FrameInterval < 0:
+		return errors.New("providersim: latency and frame interval must be >= 0")
+	case c.OutputTokens < 0:
+		return errors.New("providersim: output tokens must be >= 0")
+	}
+	switch c.Dialect {
+	case "", DialectOpenAI:
+		return nil
+	default:
+		return fmt.Errorf("providersim: dialect %q is not implemented (have %q)", c.Dialect, DialectOpenAI)
+	}
+}
+
+// Stats are the simulator's counters since New. Counts are requests; token
+// counts are tokens as the provider bills them.
+type Stats struct {
+	// Requests is every POST /v1/chat/completions received (any outcome).
+	Requests int64 `json:"requests"`
+	// Succeeded is the admitted requests whose whole response was generated.
+	Succeeded int64 `json:"succeeded"`
+	// Throttled is the 429 responses sent.
+	Throttled int64 `json:"throttled"`
+	// PromptTokens is the prompt tokens of admitted requests.
+	PromptTokens int64 `json:"prompt_tokens"`
+	// CompletionTokens is the tokens actually generated (partial streams included).
+	CompletionTokens int64 `json:"completion_tokens"`
+	// MaxConcurrent is the largest number of chat completion requests in
+	// flight at once (from receipt to the end of the response).
+	MaxConcurrent int64 `json:"max_concurrent"`
+}
+
+// Server is the simulated provider, an http.Handler. Safe for concurrent use.
+type Server struct {
+	mux   *http.ServeMux
+	clock clock.Clock
+	seq   atomic.Int64
+
+	mu       sync.Mutex
+	cfg      Config
+	requests bucket // requests per minute
+	tokens   bucket // tokens per minute
+	stats    Stats
+	inflight int64
+}
+
+// New returns a Server with full buckets. It panics if cfg.Validate fails
+// (a programming error; Main validates flags first).
+func New(cfg Config) *Server {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	s := &Server{clock: cfg.Clock, cfg: cfg}
+	now := s.clock.Now()
+	s.requests = newBucket(cfg.RequestsPerMinute, now)
+	s.tokens = newBucket(cfg.TokensPerMinute, now)
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.mux.HandleFunc("GET /v1/models", s.handleModels)
+	s.mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
+			fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+// SetConfig replaces the configuration at run time, keeping the clock when
+// cfg.Clock is nil. Bucket levels carry over, clamped to the new capacity; a
+// dimension that was unlimited starts full. It returns cfg.Validate's error
+// and changes nothing in that case.
+func (s *Server) SetConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = s.clock
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	rebuild := func(b *bucket, limit int64) {
+		b.advance(now)
+		nb := newBucket(limit, now)
+		if !b.unlimited() {
+			nb.level = math.Min(nb.level, b.level)
+		}
+		*b = nb
+	}
+	rebuild(&s.requests, cfg.RequestsPerMinute)
+	rebuild(&s.tokens, cfg.TokensPerMinute)
+	s.cfg = cfg
+	return nil
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// ServeHTTP serves POST /v1/chat/completions, GET /v1/models, GET /stats and
+// GET /healthz.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// chatRequest is the part of an OpenAI chat completion request the simulator reads.
+type chatRequest struct {
+	Model         string        `json:"model"`
+	Messages      []chatMessage `json:"messages"`
+	Stream        bool          `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           *int64 `json:"max_tokens"`
+	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+}
+
+// quota is a snapshot of both buckets for the rate-limit headers.
+type quota struct {
+	reqLimit, reqRemaining int64
+	reqReset               time.Duration
+	tokLimit, tokRemaining int64
+	tokReset               time.Duration
+}
+
+// snapshot reads both buckets; callers hold s.mu and have advanced them.
+func (s *Server) snapshot() quota {
+	return quota{
+		reqLimit: int64(s.requests.limit), reqRemaining: s.requests.remaining(), reqReset: s.requests.resetIn(),
+		tokLimit: int64(s.tokens.limit), tokRemaining: s.tokens.remaining(), tokReset: s.tokens.resetIn(),
+	}
+}
+
+// admission is the outcome of charging a request on receipt.
+type admission struct {
+	q   quota
+	cfg Config
+	// Set when throttled:
+	throttled   bool
+	dimension   string        // "requests" or "tokens"
+	wait        time.Duration // until enough refills
+	neverFits   bool          // the charge exceeds the bucket capacity
+	limit, used int64         // of the tripped dimension
+}
+
+// admit charges 1 request and prompt+maxOut tokens, or charges nothing and
+// reports the dimension that is short (the one with the longer wait).
+func (s *Server) admit(prompt, maxOut int64) admission {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	s.requests.advance(now)
+	s.tokens.advance(now)
+	a := admission{cfg: s.cfg}
+	charge := float64(prompt + maxOut)
+	rw, _ := s.requests.wait(1) // capacity >= 1 whenever limited
+	tw, tokOK := s.tokens.wait(charge)
+	switch {
+	case !tokOK:
+		a.throttled, a.neverFits, a.dimension = true, true, "tokens"
+	case tw > 0 && tw > rw:
+		a.throttled, a.dimension, a.wait = true, "tokens", tw
+	case rw > 0:
+		a.throttled, a.dimension, a.wait = true, "requests", rw
+	}
+	if a.throttled {
+		b := &s.tokens
+		if a.dimension == "requests" {
+			b = &s.requests
+		}
+		a.limit, a.used = int64(b.limit), int64(b.limit)-b.remaining()
+		s.stats.Throttled++
+	} else {
+		s.requests.take(1)
+		s.tokens.take(charge)
+		s.stats.PromptTokens += prompt
+	}
+	a.q = s.snapshot()
+	return a
+}
+
+// finish refunds the unused output reservation (maxOut - generated tokens,
+// clamped at capacity) and records the outcome.
+func (s *Server) finish(maxOut, generated int64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens.advance(s.clock.Now())
+	s.tokens.give(float64(maxOut - generated))
+	s.stats.CompletionTokens += generated
+	if ok {
+		s.stats.Succeeded++
+	}
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.stats.Requests++
+	s.inflight++
+	s.stats.MaxConcurrent = max(s.stats.MaxConcurrent, s.inflight)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inflight--
+		s.mu.Unlock()
+	}()
+
+	req, prompt, err := parseChat(r)
+	if err != nil {
+		s.mu.Lock()
+		now := s.clock.Now()
+		s.requests.advance(now)
+		s.tokens.advance(now)
+		q := s.snapshot()
+		dialect := s.cfg.Dialect
+		s.mu.Unlock()
+		writeQuotaHeaders(w.Header(), dialect, q)
+		s.writeError(w, http.StatusBadRequest, "invalid_request_error", "", err.Error())
+		return
+	}
+	maxOut := int64(DefaultMaxOutputTokens)
+	switch {
+	case req.MaxCompletionTokens != nil:
+		maxOut = *req.MaxCompletionTokens
+	case req.MaxTokens != nil:
+		maxOut = *req.MaxTokens
+	}
+
+	a := s.admit(prompt, maxOut)
+	writeQuotaHeaders(w.Header(), a.cfg.Dialect, a.q)
+	if a.throttled {
+		s.writeThrottled(w, req.Model, prompt+maxOut, a)
+		return
+	}
+
+	out := a.cfg.OutputTokens
+	if out == 0 {
+		out = DefaultOutputTokens
+	}
+	n, finishReason := out, "stop"
+	if out > maxOut {
+		n, finishReason = maxOut, "length"
+	}
+	c := completion{
+		id:      "chatcmpl-sim-" + strconv.FormatInt(s.seq.Add(1), 10),
+		created: s.clock.Now().Unix(),
+		model:   req.Model,
+		prompt:  prompt,
+		n:       n,
+		finish:  finishReason,
+	}
+	if req.Stream {
+		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(r.Context(), w, a.cfg, c, maxOut, includeUsage)
+		return
+	}
+	if !s.sleep(r.Context(), a.cfg.Latency+time.Duration(max(n-1, 0))*a.cfg.FrameInterval) {
+		s.finish(maxOut, 0, false)
+		return
+	}
+	s.finish(maxOut, n, true)
+	writeJSON(w, http.StatusOK, c.body())
+}
+
+// parseChat decodes a chat completion request and counts its prompt tokens.
+// Errors are client errors (400) with an OpenAI-style message.
+func parseChat(r *http.Request) (chatRequest, int64, error) {
+	var req chatRequest
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
+	if err != nil {
+		return req, 0, fmt.Errorf("could not read the request body: %w", err)
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) || !json.Valid(body) {
+			return req, 0, errors.New("We could not parse the JSON body of your request. " +
+				"The API expects a JSON payload, but what was sent was not valid JSON.")
+		}
+		return req, 0, fmt.Errorf("invalid request body: %v", err)
+	}
+	if len(req.Messages) == 0 {
+		return req, 0, errors.New("'messages' is a required property and must be a non-empty array")
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"max_tokens", req.MaxTokens}, {"max_completion_tokens", req.MaxCompletionTokens}} {
+		if f.v != nil && *f.v < 1 {
+			return req, 0, fmt.Errorf("Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", f.name, *f.v)
+		}
+	}
+	prompt, err := promptTokens(req.Messages)
+	if err != nil {
+		return req, 0, fmt.Errorf("Invalid %v", err)
+	}
+	return req, prompt, nil
+}
+
+// sleep waits d on the server clock; false if ctx ended first.
+func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := s.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// stream writes the completion as server-sent events: one chunk per token
+// (the first also carries the role), a chunk with the finish_reason, then a
+// usage chunk with empty choices only when includeUsage, then "data: [DONE]".
+// With includeUsage every earlier chunk carries "usage": null, as OpenAI's do.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, c completion, maxOut int64, includeUsage bool) {
+	if !s.sleep(ctx, cfg.Latency) {
+		s.finish(maxOut, 0, false)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	send := func(ch chunk) bool {
+		if includeUsage && ch.Usage == nil {
+			ch.Usage = json.RawMessage("null")
+		}
+		b, _ := json.Marshal(ch)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	frames := max(c.n, 1) // a zero-token reply still sends the role chunk
+	for i := range frames {
+		if i > 0 && !s.sleep(ctx, cfg.FrameInterval) {
+			s.finish(maxOut, i, false)
+			return
+		}
+		d := delta{}
+		if i == 0 {
+			d.Role = "assistant"
+		}
+		text := ""
+		if i < c.n {
+			text = fillerToken(i)
+		}
+		d.Content = &text
+		if !send(c.chunk([]chunkChoice{{Delta: d}})) {
+			s.finish(maxOut, i, false)
+			return
+		}
+	}
+	s.finish(maxOut, c.n, true)
+	reason := c.finish
+	if !send(c.chunk([]chunkChoice{{Delta: delta{}, FinishReason: &reason}})) {
+		return
+	}
+	if includeUsage {
+		u, _ := json.Marshal(c.usage())
+		ch := c.chunk([]chunkChoice{})
+		ch.Usage = u
+		if !send(ch) {
+			return
+		}
+	}
+	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err == nil {
+		_ = rc.Flush()
+	}
+}
+
+// writeThrottled sends the 429 for a request the buckets cannot admit:
+// retry-after in whole seconds (rounded up, >= 1) until enough refills, and
+// OpenAI's error body. A request larger than the tokens capacity can never
+// fit: it gets OpenAI's "Request too large" 429 without retry-after.
+func (s *Server) writeThrottled(w http.ResponseWriter, model string, requested int64, a admission) {
+	unit := map[string]string{"requests": "RPM", "tokens": "TPM"}[a.dimension]
+	if model == "" {
+		model = "the model"
+	}
+	var msg string
+	if a.neverFits {
+		msg = fmt.Sprintf("Request too large for %s on tokens per min (TPM): Limit %d, Requested %d. "+
+			"The input or output tokens must be reduced in order to run successfully.", model, a.limit, requested)
+	} else {
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(a.wait), 10))
+		req := requested
+		if a.dimension == "requests" {
+			req = 1
+		}
+		msg = fmt.Sprintf("Rate limit reached for %s on %s per min (%s): Limit %d, Used %d, Requested %d. "+
+			"Please try again in %s.", model, a.dimension, unit, a.limit, a.used, req, a.wait.Round(time.Millisecond))
+	}
+	s.writeError(w, http.StatusTooManyRequests, a.dimension, "rate_limit_exceeded", msg)
+}
+
+// writeQuotaHeaders sets the dialect's rate-limit headers. OpenAI: limits and
+// remaining as integers (remaining floored), resets as Go durations until the
+// bucket is full, rounded to the millisecond ("6m0s", "1.5s", "250ms", "0s").
+// An unlimited dimension sends no headers.
+func writeQuotaHeaders(h http.Header, dialect string, q quota) {
+	switch dialect {
+	case "", DialectOpenAI:
+		if q.reqLimit > 0 {
+			h.Set("x-ratelimit-limit-requests", strconv.FormatInt(q.reqLimit, 10))
+			h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(q.reqRemaining, 10))
+			h.Set("x-ratelimit-reset-requests", q.reqReset.Round(time.Millisecond).String())
+		}
+		if q.tokLimit > 0 {
+			h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(q.tokLimit, 10))
+			h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(q.tokRemaining, 10))
+			h.Set("x-ratelimit-reset-tokens", q.tokReset.Round(time.Millisecond).String())
+		}
+	}
+}
+
+// apiError is OpenAI's error body: {"error":{"message","type","param","code"}}.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+// writeError writes an error body in the server's dialect; code "" is null.
+func (s *Server) writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	var e apiError
+	e.Error.Message, e.Error.Type = msg, typ
+	if code != "" {
+		e.Error.Code = &code
+	}
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	models := s.cfg.Models
+	s.mu.Unlock()
+	if len(models) == 0 {
+		models = []string{DefaultModel}
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list"}
+	for _, m := range models {
+		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "providersim"})
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// completion describes one generated response.
+type completion struct {
+	id      string
+	created int64
+	model   string
+	prompt  int64 // prompt tokens
+	n       int64 // completion tokens generated
+	finish  string
+}
+
+// usageBody is OpenAI's token usage object, in tokens.
+type usageBody struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+func (c completion) usage() usageBody {
+	return usageBody{PromptTokens: c.prompt, CompletionTokens: c.n, TotalTokens: c.prompt + c.n}
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type choice struct {
+	Index        int     `json:"index"`
+	Message      message `json:"message"`
+	FinishReason string  `json:"finish_reason"`
+}
+
+// chatCompletion is the non-streaming response body ("chat.completion").
+type chatCompletion struct {
+	ID      string    `json:"id"`
+	Object  string    `json:"object"`
+	Created int64     `json:"created"`
+	Model   string    `json:"model"`
+	Choices []choice  `json:"choices"`
+	Usage   usageBody `json:"usage"`
+}
+
+func (c completion) body() chatCompletion {
+	return chatCompletion{
+		ID: c.id, Object: "chat.completion", Created: c.created, Model: c.model,
+		Choices: []choice{{Message: message{Role: "assistant", Content: fillerText(c.n)}, FinishReason: c.finish}},
+		Usage:   c.usage(),
+	}
+}
+
+type delta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int     `json:"index"`
+	Delta        delta   `json:"delta"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+// chunk is one streamed event ("chat.completion.chunk").
+type chunk struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	Model   string          `json:"model"`
+	Choices []chunkChoice   `json:"choices"`
+	Usage   json.RawMessage `json:"usage,omitempty"`
+}
+
+func (c completion) chunk(choices []chunkChoice) chunk {
+	return chunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model, Choices: choices}
+}

@@ -1,0 +1,210 @@
+package registry
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+)
+
+// Identification modes of a pool (mirrors the API's TenantIdentificationMode).
+const (
+	// IdentifyAPIKey: `Authorization: Bearer <tenant key>`, compared by SHA-256.
+	IdentifyAPIKey = "APIKey"
+	// IdentifyTrustedHeader: the tenant id is taken from PoolPolicy.IdentHeader.
+	IdentifyTrustedHeader = "TrustedHeader"
+)
+
+// Budget periods (mirrors the API's BudgetPeriod).
+const (
+	// BudgetDay resets at 00:00 UTC every day.
+	BudgetDay = "Day"
+	// BudgetMonth resets at 00:00 UTC on the first of every month.
+	BudgetMonth = "Month"
+)
+
+// Defaults applied by Validate to zero fields of PoolPolicy and TenantPolicy
+// (they match the API defaults, so a policy built by hand behaves like one
+// read from the cluster).
+const (
+	DefaultQuantum                = 4096
+	DefaultMaxQueuedJobs          = 100000
+	DefaultMaxQueuedPerTenant     = 1000 // applied by the translation of a TenantQuota, not by Validate
+	DefaultDeadline               = time.Hour
+	DefaultUpstreamTimeout        = 120 * time.Second
+	DefaultDefaultMaxOutputTokens = 4096
+	DefaultIdentHeader            = "X-Fairshare-Tenant"
+)
+
+// KeyHash is the SHA-256 of a tenant API key; the registry never holds keys.
+type KeyHash [sha256.Size]byte
+
+// HashKey returns the SHA-256 of key.
+func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
+
+// ModelPolicy is one model of the pool with its provider quota hints
+// (provider tokens and requests per minute; 0 unknown).
+type ModelPolicy struct {
+	Name                                 string
+	TokensPerMinute, RequestsPerMinute int64
+}
+
+// PoolPolicy is the live policy of the pool, translated from the
+// ProviderPool spec (internal/kube translate.go).
+type PoolPolicy struct {
+	// Name and Generation of the ProviderPool the policy was read from.
+	Name       string
+	Generation int64
+	// BaseURL of the provider, without the /v1 path.
+	BaseURL string
+	// Dialect hint of the provider's rate-limit headers ("Auto", "OpenAI", ...).
+	Dialect string
+	// Models served; requests for other models get 400 model_not_found.
+	Models []ModelPolicy
+	// ReservePercent of each model's quota kept for interactive calls, [0, 99].
+	ReservePercent int64
+	// BorrowAfter lets batch use the reserve after this much interactive
+	// silence; 0 never.
+	BorrowAfter time.Duration
+	// CostModel converts provider tokens to weighted tokens and KV blocks.
+	CostModel limiter.CostModel
+	// DefaultMaxOutputTokens is charged when a request sets no max output
+	// (BC-28c).
+	DefaultMaxOutputTokens int64
+	// IdentMode is IdentifyAPIKey or IdentifyTrustedHeader; IdentHeader the
+	// header of the trusted-header mode.
+	IdentMode, IdentHeader string
+	// Quantum is the deficit-round-robin quantum, in weighted tokens.
+	Quantum int64
+	// MaxQueuedJobs bounds the jobs queued across all tenants.
+	MaxQueuedJobs int
+	// UpstreamTimeout bounds one upstream call.
+	UpstreamTimeout time.Duration
+}
+
+// Validate fills defaults into zero fields and returns an error naming the
+// first invalid field.
+func (p *PoolPolicy) Validate() error {
+	if p.BaseURL == "" {
+		return errors.New("baseURL: required")
+	}
+	u, err := url.Parse(p.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("baseURL: %q is not an http(s) URL", p.BaseURL)
+	}
+	if len(p.Models) == 0 {
+		return errors.New("models: at least one model is required")
+	}
+	seen := map[string]bool{}
+	for _, m := range p.Models {
+		if m.Name == "" {
+			return errors.New("models: a model has no name")
+		}
+		if seen[m.Name] {
+			return fmt.Errorf("models: %q is listed twice", m.Name)
+		}
+		seen[m.Name] = true
+	}
+	if p.ReservePercent < 0 || p.ReservePercent > 99 {
+		return fmt.Errorf("reserve: %d%% is outside [0, 99]", p.ReservePercent)
+	}
+	p.CostModel = p.CostModel.Normalized()
+	if p.DefaultMaxOutputTokens <= 0 {
+		p.DefaultMaxOutputTokens = DefaultDefaultMaxOutputTokens
+	}
+	switch p.IdentMode {
+	case "":
+		p.IdentMode = IdentifyAPIKey
+	case IdentifyAPIKey, IdentifyTrustedHeader:
+	default:
+		return fmt.Errorf("tenantIdentification.mode: unknown mode %q", p.IdentMode)
+	}
+	if p.IdentHeader == "" {
+		p.IdentHeader = DefaultIdentHeader
+	}
+	if p.Quantum <= 0 {
+		p.Quantum = DefaultQuantum
+	}
+	if p.MaxQueuedJobs <= 0 {
+		p.MaxQueuedJobs = DefaultMaxQueuedJobs
+	}
+	if p.UpstreamTimeout <= 0 {
+		p.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	return nil
+}
+
+// HasModel reports whether the pool serves model.
+func (p *PoolPolicy) HasModel(model string) bool {
+	for i := range p.Models {
+		if p.Models[i].Name == model {
+			return true
+		}
+	}
+	return false
+}
+
+// BudgetPolicy is a tenant's spend limit per calendar period, in weighted
+// tokens.
+type BudgetPolicy struct {
+	WeightedTokens int64
+	Period         string // BudgetDay or BudgetMonth
+}
+
+// TenantPolicy is one tenant's live policy, translated from its TenantQuota.
+type TenantPolicy struct {
+	// ID is the tenant id (spec.tenantID or the object name).
+	ID string
+	// Name and Generation of the TenantQuota.
+	Name       string
+	Generation int64
+	// Limits of the tenant limiter (weighted tokens, provider tokens,
+	// requests, concurrency, KV blocks).
+	Limits limiter.Limits
+	// Weight in the fair queue (>= 1).
+	Weight int64
+	// MaxQueued bounds the tenant's queued jobs; 0 refuses every job.
+	MaxQueued int
+	// DefaultDeadline of a job that sets none; a job may only shorten it.
+	DefaultDeadline time.Duration
+	// Budget, when not nil, limits spend per period.
+	Budget *BudgetPolicy
+	// KeyHashes are the SHA-256 of the tenant's API keys (APIKey mode).
+	KeyHashes []KeyHash
+}
+
+// Validate fills defaults into zero fields and returns an error naming the
+// first invalid field.
+func (t *TenantPolicy) Validate() error {
+	if t.ID == "" {
+		return errors.New("tenant id: required")
+	}
+	if t.Name == "" {
+		t.Name = t.ID
+	}
+	if t.Weight <= 0 {
+		t.Weight = 1
+	}
+	if t.MaxQueued < 0 {
+		return fmt.Errorf("batch.maxQueuedJobs: %d is negative", t.MaxQueued)
+	}
+	if t.DefaultDeadline <= 0 {
+		t.DefaultDeadline = DefaultDeadline
+	}
+	if b := t.Budget; b != nil {
+		if b.WeightedTokens < 0 {
+			return fmt.Errorf("budget.weightedTokens: %d is negative", b.WeightedTokens)
+		}
+		switch b.Period {
+		case "":
+			b.Period = BudgetMonth
+		case BudgetDay, BudgetMonth:
+		default:
+			return fmt.Errorf("budget.period: unknown period %q", b.Period)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,480 @@
+// Package registry holds the scheduler's live policy snapshot and runtime
+// state: the pool policy, one Tenant per TenantQuota (its limiter, counters
+// and budget), one Model per served model (its adaptive throttle) and the
+// pool's fair queue.
+//
+// Reconfiguration is validate-then-commit (style: APF BeginConfigChange /
+// Complete): a policy is validated and defaulted first, and only a valid one
+// is applied, in place, to the live objects: limiter.Tenant.Update keeps the
+// bucket levels, throttle.Throttle.Reconfigure keeps the provider figures and
+// pause, fairqueue.Queue.SetTenant keeps queued jobs and deficits. Nothing
+// queued is dropped by a policy change; a removed tenant is reported to the
+// OnTenantRemoved hooks so that its queued jobs can be failed with a clear
+// error.
+//
+// The package knows neither HTTP nor Kubernetes: internal/kube feeds it
+// policies, internal/gateway reads it on every request, the status writer
+// and the metrics collector read Snapshot.
+//
+// Locking: one RWMutex guards the policy maps (read on every request,
+// written on reconcile); one Mutex guards the fair queue, which is not
+// goroutine-safe (WithQueue). The two are never held together.
+package registry
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+// Errors of UpsertTenant.
+var (
+	// ErrDuplicateTenantID: another TenantQuota of the pool has the same tenant id.
+	ErrDuplicateTenantID = errors.New("duplicate tenant id")
+	// ErrDuplicateKey: another tenant has the same API key.
+	ErrDuplicateKey = errors.New("API key already used by another tenant")
+)
+
+// Throttle timing shared by every model (seed 000 "The adaptive throttle").
+const (
+	// throttleBackoff is the pause after a 429 without Retry-After or reset.
+	throttleBackoff = time.Second
+	// throttleJitter spreads callers released after a pause (BC-11).
+	throttleJitter = 500 * time.Millisecond
+)
+
+// Tenant is one tenant's runtime state. Its fields are safe for concurrent
+// use; Policy returns the immutable policy in force.
+type Tenant struct {
+	// ID is the tenant id.
+	ID string
+	// Limiter is the tenant's limiter (buckets, concurrency, KV blocks).
+	Limiter *limiter.Tenant
+
+	policy  atomic.Pointer[TenantPolicy]
+	removed atomic.Bool
+
+	completed, expired, rejections, tokensUsed atomic.Int64
+
+	budgetMu    sync.Mutex
+	budgetStart time.Time
+	budgetUsed  int64
+}
+
+// Policy returns the tenant's policy in force (do not modify it).
+func (t *Tenant) Policy() *TenantPolicy { return t.policy.Load() }
+
+// Removed reports whether the tenant's TenantQuota was deleted.
+func (t *Tenant) Removed() bool { return t.removed.Load() }
+
+// AddCompleted counts one finished batch job.
+func (t *Tenant) AddCompleted() { t.completed.Add(1) }
+
+// AddExpired counts one batch job that reached its deadline unsent.
+func (t *Tenant) AddExpired() { t.expired.Add(1) }
+
+// AddRejection counts one request or job refused by a limit.
+func (t *Tenant) AddRejection() { t.rejections.Add(1) }
+
+// AddUsed records weighted tokens spent at now (a settlement's
+// UsedWeighted): the tokensUsed figure and the budget of the current period.
+func (t *Tenant) AddUsed(now time.Time, weighted int64) {
+	if weighted <= 0 {
+		return
+	}
+	t.tokensUsed.Add(weighted)
+	t.budgetMu.Lock()
+	t.rollBudgetLocked(now)
+	t.budgetUsed += weighted
+	t.budgetMu.Unlock()
+}
+
+// periodStart returns the start of the UTC calendar period holding now.
+func periodStart(now time.Time, period string) time.Time {
+	u := now.UTC()
+	if period == BudgetDay {
+		return time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC)
+	}
+	return time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// periodEnd returns the end of the period that starts at start.
+func periodEnd(start time.Time, period string) time.Time {
+	if period == BudgetDay {
+		return start.AddDate(0, 0, 1)
+	}
+	return start.AddDate(0, 1, 0)
+}
+
+func (t *Tenant) rollBudgetLocked(now time.Time) {
+	period := BudgetMonth
+	if b := t.Policy().Budget; b != nil {
+		period = b.Period
+	}
+	if s := periodStart(now, period); !s.Equal(t.budgetStart) {
+		t.budgetStart, t.budgetUsed = s, 0
+	}
+}
+
+// BudgetStatus is the spend of the current budget period, in weighted tokens.
+type BudgetStatus struct {
+	Used, Remaining int64
+	ResetTime       time.Time
+}
+
+// Budget returns the tenant's budget figures at now, or ok false when the
+// tenant has no budget.
+func (t *Tenant) Budget(now time.Time) (BudgetStatus, bool) {
+	b := t.Policy().Budget
+	if b == nil {
+		return BudgetStatus{}, false
+	}
+	t.budgetMu.Lock()
+	defer t.budgetMu.Unlock()
+	t.rollBudgetLocked(now)
+	return BudgetStatus{
+		Used:      t.budgetUsed,
+		Remaining: max(0, b.WeightedTokens-t.budgetUsed),
+		ResetTime: periodEnd(t.budgetStart, b.Period),
+	}, true
+}
+
+// CheckBudget reports whether a request of weighted tokens fits the
+// tenant's remaining budget at now; when it does not, it returns the time
+// until the period resets (the Retry-After of 429 budget_exhausted).
+func (t *Tenant) CheckBudget(now time.Time, weighted int64) (ok bool, resetIn time.Duration, st BudgetStatus) {
+	st, has := t.Budget(now)
+	if !has || weighted <= st.Remaining {
+		return true, 0, st
+	}
+	return false, st.ResetTime.Sub(now), st
+}
+
+// Model is one served model and its adaptive throttle.
+type Model struct {
+	// Name of the model.
+	Name string
+	// Throttle paces calls to the provider for this model.
+	Throttle *throttle.Throttle
+
+	throttled atomic.Int64
+}
+
+// AddThrottled counts one upstream 429 for the model.
+func (m *Model) AddThrottled() { m.throttled.Add(1) }
+
+// objectState is what the registry knows of one TenantQuota object.
+type objectState struct {
+	id         string
+	generation int64
+	err        error
+}
+
+// Registry is the live policy snapshot and runtime state of one pool.
+type Registry struct {
+	clock clock.PassiveClock
+
+	mu            sync.RWMutex
+	pool          atomic.Pointer[PoolPolicy]
+	tenants       map[string]*Tenant
+	objects       map[string]*objectState
+	keys          map[KeyHash]*Tenant
+	models        map[string]*Model
+	tenantsSynced bool
+	onRemove      []func(*Tenant)
+	onChange      []func()
+
+	qmu   sync.Mutex
+	queue *fairqueue.Queue
+	qcfg  fairqueue.Config
+
+	inFlight          atomic.Int64
+	upstreamThrottled atomic.Int64
+}
+
+// New returns an empty registry reading time from clk, with a fair queue of
+// the default quantum and bound until a pool policy is set.
+func New(clk clock.PassiveClock) *Registry {
+	cfg := fairqueue.Config{Quantum: DefaultQuantum, MaxTotal: DefaultMaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0}
+	return &Registry{
+		clock:   clk,
+		tenants: map[string]*Tenant{},
+		objects: map[string]*objectState{},
+		keys:    map[KeyHash]*Tenant{},
+		models:  map[string]*Model{},
+		queue:   fairqueue.New(cfg),
+		qcfg:    cfg,
+	}
+}
+
+// OnTenantRemoved registers fn, called (without locks held) with each tenant
+// whose TenantQuota was removed.
+func (r *Registry) OnTenantRemoved(fn func(*Tenant)) {
+	r.mu.Lock()
+	r.onRemove = append(r.onRemove, fn)
+	r.mu.Unlock()
+}
+
+// OnChange registers fn, called (without locks held) after every committed
+// policy change, so that waiters can re-check eligibility.
+func (r *Registry) OnChange(fn func()) {
+	r.mu.Lock()
+	r.onChange = append(r.onChange, fn)
+	r.mu.Unlock()
+}
+
+func (r *Registry) notify() {
+	r.mu.RLock()
+	fns := r.onChange
+	r.mu.RUnlock()
+	for _, fn := range fns {
+		fn()
+	}
+}
+
+func throttleConfig(p *PoolPolicy, m ModelPolicy) throttle.Config {
+	return throttle.Config{
+		ReservePercent:        p.ReservePercent,
+		TokensPerMinuteHint:   m.TokensPerMinute,
+		RequestsPerMinuteHint: m.RequestsPerMinute,
+		DefaultBackoff:        throttleBackoff,
+		JitterWindow:          throttleJitter,
+		BorrowAfter:           p.BorrowAfter,
+	}
+}
+
+// SetPool validates p and commits it: models are added, reconfigured in
+// place (provider figures and pauses kept) or removed; the queue's quantum
+// and bound change only while the queue is empty (a non-empty queue keeps
+// its configuration until it drains, so no job is dropped). It returns the
+// validation error and changes nothing when p is invalid.
+func (r *Registry) SetPool(p PoolPolicy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	p.Models = append([]ModelPolicy(nil), p.Models...)
+	now := r.clock.Now()
+	r.mu.Lock()
+	live := map[string]bool{}
+	for _, m := range p.Models {
+		live[m.Name] = true
+		if cur, ok := r.models[m.Name]; ok {
+			cur.Throttle.Reconfigure(now, throttleConfig(&p, m))
+			continue
+		}
+		r.models[m.Name] = &Model{Name: m.Name, Throttle: throttle.New(throttleConfig(&p, m), now)}
+	}
+	for name := range r.models {
+		if !live[name] {
+			delete(r.models, name)
+		}
+	}
+	r.pool.Store(&p)
+	tenants := r.tenantListLocked()
+	r.mu.Unlock()
+
+	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0}
+	r.qmu.Lock()
+	if want != r.qcfg && r.queue.Total() == 0 {
+		r.queue, r.qcfg = fairqueue.New(want), want
+		for _, t := range tenants {
+			pol := t.Policy()
+			r.queue.SetTenant(t.ID, pol.Weight, pol.MaxQueued)
+		}
+	}
+	r.qmu.Unlock()
+	r.notify()
+	return nil
+}
+
+// ClearPool forgets the pool policy (the ProviderPool was deleted): Ready
+// turns false and requests are refused until a policy is set again.
+func (r *Registry) ClearPool() {
+	r.pool.Store(nil)
+	r.notify()
+}
+
+// Pool returns the pool policy in force, or nil before one is set. The
+// returned policy is immutable.
+func (r *Registry) Pool() *PoolPolicy { return r.pool.Load() }
+
+// Model returns the served model named name, or nil.
+func (r *Registry) Model(name string) *Model {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.models[name]
+}
+
+// UpsertTenant validates p and commits it: a new tenant gets a fresh
+// limiter; an existing one is updated in place (limiter.Tenant.Update keeps
+// its bucket levels, in-flight calls and KV blocks; the fair queue keeps its
+// jobs and deficit). Errors: the validation error, ErrDuplicateTenantID,
+// ErrDuplicateKey; on error nothing changes except that the error is
+// remembered for the object's status.
+func (r *Registry) UpsertTenant(p TenantPolicy) error {
+	if err := p.Validate(); err != nil {
+		r.setObjectError(p.Name, p.ID, p.Generation, err)
+		return err
+	}
+	p.KeyHashes = append([]KeyHash(nil), p.KeyHashes...)
+	now := r.clock.Now()
+	r.mu.Lock()
+	cur := r.tenants[p.ID]
+	if cur != nil && cur.Policy().Name != p.Name {
+		r.mu.Unlock()
+		err := fmt.Errorf("%w: %q is already served for TenantQuota %q", ErrDuplicateTenantID, p.ID, cur.Policy().Name)
+		r.setObjectError(p.Name, p.ID, p.Generation, err)
+		return err
+	}
+	for _, h := range p.KeyHashes {
+		if owner, ok := r.keys[h]; ok && owner.ID != p.ID {
+			r.mu.Unlock()
+			err := fmt.Errorf("%w (tenant %q)", ErrDuplicateKey, owner.ID)
+			r.setObjectError(p.Name, p.ID, p.Generation, err)
+			return err
+		}
+	}
+	if cur == nil {
+		cur = &Tenant{ID: p.ID, Limiter: limiter.NewTenant(p.Limits, now)}
+		r.tenants[p.ID] = cur
+	} else {
+		cur.Limiter.Update(now, p.Limits)
+		for _, h := range cur.Policy().KeyHashes {
+			delete(r.keys, h)
+		}
+	}
+	for _, h := range p.KeyHashes {
+		r.keys[h] = cur
+	}
+	cur.policy.Store(&p)
+	r.objects[p.Name] = &objectState{id: p.ID, generation: p.Generation}
+	r.mu.Unlock()
+
+	r.qmu.Lock()
+	r.queue.SetTenant(p.ID, p.Weight, p.MaxQueued)
+	r.qmu.Unlock()
+	r.notify()
+	return nil
+}
+
+func (r *Registry) setObjectError(name, id string, gen int64, err error) {
+	if name == "" {
+		name = id
+	}
+	r.mu.Lock()
+	r.objects[name] = &objectState{id: id, generation: gen, err: err}
+	r.mu.Unlock()
+}
+
+// RemoveTenant forgets the TenantQuota named name: when it owned a tenant,
+// the tenant stops being admitted (Tenant returns nil, Removed is true) and
+// the OnTenantRemoved hooks run so that its queued jobs are failed. It
+// returns the removed tenant, or nil.
+func (r *Registry) RemoveTenant(name string) *Tenant {
+	r.mu.Lock()
+	obj, ok := r.objects[name]
+	delete(r.objects, name)
+	var t *Tenant
+	if ok {
+		if cur := r.tenants[obj.id]; cur != nil && cur.Policy().Name == name {
+			t = cur
+			delete(r.tenants, obj.id)
+			for _, h := range t.Policy().KeyHashes {
+				delete(r.keys, h)
+			}
+			t.removed.Store(true)
+		}
+	}
+	hooks := r.onRemove
+	r.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	for _, fn := range hooks {
+		fn(t)
+	}
+	r.notify()
+	return t
+}
+
+// Tenant returns the tenant with that id, or nil.
+func (r *Registry) Tenant(id string) *Tenant {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tenants[id]
+}
+
+// TenantByKey returns the tenant whose API key is key, or nil. Keys are
+// held only as SHA-256 hashes; the hash found by the map lookup is confirmed
+// with a constant-time comparison (crypto/subtle), and a lookup by hash
+// reveals through its timing nothing usable about the key itself.
+func (r *Registry) TenantByKey(key string) *Tenant {
+	h := HashKey(key)
+	r.mu.RLock()
+	t := r.keys[h]
+	r.mu.RUnlock()
+	if t == nil {
+		return nil
+	}
+	for _, k := range t.Policy().KeyHashes {
+		if subtle.ConstantTimeCompare(k[:], h[:]) == 1 {
+			return t
+		}
+	}
+	return nil
+}
+
+// Tenants returns the live tenants, sorted by id.
+func (r *Registry) Tenants() []*Tenant {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tenantListLocked()
+}
+
+func (r *Registry) tenantListLocked() []*Tenant {
+	out := make([]*Tenant, 0, len(r.tenants))
+	for _, t := range r.tenants {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// WithQueue runs fn with the fair queue locked. fn must not call back into
+// the registry's queue methods.
+func (r *Registry) WithQueue(fn func(q *fairqueue.Queue)) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	fn(r.queue)
+}
+
+// SetTenantsSynced records that the initial list of TenantQuotas has been
+// applied (readiness).
+func (r *Registry) SetTenantsSynced() {
+	r.mu.Lock()
+	r.tenantsSynced = true
+	r.mu.Unlock()
+}
+
+// Ready reports whether the pool policy is set and the tenants are loaded.
+func (r *Registry) Ready() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tenantsSynced && r.pool.Load() != nil
+}
+
+// AddInFlight adds delta to the number of upstream calls in flight.
+func (r *Registry) AddInFlight(delta int64) { r.inFlight.Add(delta) }
+
+// AddUpstreamThrottled counts one upstream 429 for the pool.
+func (r *Registry) AddUpstreamThrottled() { r.upstreamThrottled.Add(1) }

@@ -1,0 +1,104 @@
+package registry
+
+import (
+	"sort"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+// Snapshot is the pool's live figures at one instant, read by the status
+// writer and the metrics collector (style 2.4: figures come from memory, not
+// from the API).
+type Snapshot struct {
+	// Time the snapshot was taken.
+	Time time.Time
+	// Pool is the policy in force (nil before one is set).
+	Pool *PoolPolicy
+	// Backlog is the number of queued jobs; InFlight the upstream calls in
+	// flight; UpstreamThrottled the upstream 429s since start.
+	Backlog, InFlight, UpstreamThrottled int64
+	// Tenants, sorted by id.
+	Tenants []TenantSnapshot
+	// Objects are the TenantQuota objects the registry has seen, sorted by
+	// name, with the error that kept one from being served.
+	Objects []ObjectSnapshot
+	// Models, sorted by name.
+	Models []ModelSnapshot
+}
+
+// TenantSnapshot is one tenant's figures.
+type TenantSnapshot struct {
+	ID, Name   string
+	Generation int64
+	// Queued jobs of the tenant.
+	Queued int64
+	// Limiter figures (in flight, KV blocks, tokens remaining, ...).
+	Limiter limiter.Snapshot
+	// Counters since the scheduler started: finished jobs, expired jobs,
+	// rejections, weighted tokens used.
+	Completed, Expired, Rejections, TokensUsed int64
+	// Budget of the current period, when the tenant has one.
+	Budget *BudgetStatus
+}
+
+// ObjectSnapshot is what the registry knows of one TenantQuota object.
+type ObjectSnapshot struct {
+	Name, TenantID string
+	Generation     int64
+	// Err is why the object is not served, or nil.
+	Err error
+}
+
+// ModelSnapshot is one model's throttle status and 429 count.
+type ModelSnapshot struct {
+	Name      string
+	Status    throttle.Status
+	Throttled int64
+}
+
+// Snapshot returns the figures at now.
+func (r *Registry) Snapshot(now time.Time) Snapshot {
+	s := Snapshot{
+		Time:              now,
+		Pool:              r.pool.Load(),
+		InFlight:          r.inFlight.Load(),
+		UpstreamThrottled: r.upstreamThrottled.Load(),
+	}
+	r.mu.RLock()
+	tenants := r.tenantListLocked()
+	for name, o := range r.objects {
+		s.Objects = append(s.Objects, ObjectSnapshot{Name: name, TenantID: o.id, Generation: o.generation, Err: o.err})
+	}
+	for _, m := range r.models {
+		s.Models = append(s.Models, ModelSnapshot{Name: m.Name, Status: m.Throttle.Status(now), Throttled: m.throttled.Load()})
+	}
+	r.mu.RUnlock()
+	sort.Slice(s.Objects, func(i, j int) bool { return s.Objects[i].Name < s.Objects[j].Name })
+	sort.Slice(s.Models, func(i, j int) bool { return s.Models[i].Name < s.Models[j].Name })
+
+	queued := make([]int64, len(tenants))
+	r.qmu.Lock()
+	s.Backlog = int64(r.queue.Total())
+	for i, t := range tenants {
+		queued[i] = int64(r.queue.Len(t.ID))
+	}
+	r.qmu.Unlock()
+
+	s.Tenants = make([]TenantSnapshot, len(tenants))
+	for i, t := range tenants {
+		p := t.Policy()
+		ts := TenantSnapshot{
+			ID: t.ID, Name: p.Name, Generation: p.Generation, Queued: queued[i],
+			Limiter:   t.Limiter.Snapshot(now),
+			Completed: t.completed.Load(), Expired: t.expired.Load(),
+			Rejections: t.rejections.Load(), TokensUsed: t.tokensUsed.Load(),
+		}
+		if b, ok := t.Budget(now); ok {
+			ts.Budget = &b
+		}
+		s.Tenants[i] = ts
+	}
+	return s
+}

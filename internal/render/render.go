@@ -1,0 +1,428 @@
+// Package render turns a ProviderPool into the Kubernetes objects of its
+// scheduler: a ConfigMap holding the static scheduler settings
+// (internal/schedconfig), a ServiceAccount, a RoleBinding of that account to
+// the shipped scheduler ClusterRole, a ClusterIP Service and the Deployment.
+//
+// Rendering is a pure function of (pool, Options): no client, no clock, no
+// environment, so the same inputs always give byte-identical objects and the
+// golden files in testdata pin the output. Every object is named
+// "<pool>-scheduler", carries the standard app.kubernetes.io labels and the
+// quota.fairshare.dev/pool label, and has the pool as its controller owner so
+// that deleting the pool garbage-collects it. Objects carry their TypeMeta
+// because the operator applies them with server-side apply.
+//
+// The Deployment's pod template is annotated with the SHA-256 of the rendered
+// settings (v1alpha1.AnnotationSettingsHash, the input-hash pattern of
+// prometheus-operator), so a settings change rolls the scheduler. Everything
+// the scheduler reads live from the ProviderPool (models, reserve, cost model,
+// tenant identification, upstream URL) is deliberately not part of the
+// settings and does not roll it.
+package render
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+)
+
+// Defaults applied when the corresponding ProviderPool field is zero (the
+// API server normally fills them in from the CRD defaults; render applies
+// them again so that an object built in Go renders the same).
+const (
+	// DefaultReplicas is spec.scheduler.replicas when unset.
+	DefaultReplicas int32 = 1
+	// DefaultStatusIntervalSeconds is spec.scheduler.statusIntervalSeconds when zero, in seconds.
+	DefaultStatusIntervalSeconds int32 = 10
+	// DefaultUpstreamConcurrency is spec.scheduler.upstreamConcurrency when zero, in calls in flight.
+	DefaultUpstreamConcurrency int32 = 64
+	// DefaultCredentialsKey is the Secret data key when credentialsSecretRef.key is empty.
+	DefaultCredentialsKey = "api-key"
+	// DefaultSchedulerClusterRole is the ClusterRole the scheduler's ServiceAccount is bound to.
+	DefaultSchedulerClusterRole = "fairshare-scheduler"
+)
+
+// Listen addresses and ports of the scheduler container.
+const (
+	// HTTPAddr is the gateway listen address (OpenAI-compatible API and job API).
+	HTTPAddr = ":8080"
+	// MetricsAddr is the /metrics listen address.
+	MetricsAddr = ":9090"
+	// HealthAddr is the /healthz and /readyz listen address.
+	HealthAddr = ":8081"
+	// HTTPPort is the gateway port, named "http" on the container and the Service.
+	HTTPPort int32 = 8080
+	// MetricsPort is the metrics port, named "metrics" on the container and the Service.
+	MetricsPort int32 = 9090
+	// HealthPort is the probe port, named "health" on the container only.
+	HealthPort int32 = 8081
+)
+
+// Container layout of the scheduler pod.
+const (
+	// ContainerName is the name of the scheduler container.
+	ContainerName = "scheduler"
+	// Command is the scheduler binary inside the image.
+	Command = "/scheduler"
+	// ConfigDir is where the settings ConfigMap is mounted (read-only).
+	ConfigDir = "/etc/fairshare"
+	// ConfigVolume is the name of the settings volume.
+	ConfigVolume = "settings"
+	// RunAsUser is the non-root UID the scheduler runs as (distroless "nonroot").
+	RunAsUser int64 = 65532
+)
+
+// Standard labels set on every rendered object.
+const (
+	// LabelName is app.kubernetes.io/name; its value is AppName.
+	LabelName = "app.kubernetes.io/name"
+	// LabelInstance is app.kubernetes.io/instance; its value is the pool name.
+	LabelInstance = "app.kubernetes.io/instance"
+	// LabelManagedBy is app.kubernetes.io/managed-by; its value is ManagedBy.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// AppName is the value of LabelName.
+	AppName = "fairshare-scheduler"
+	// ManagedBy is the value of LabelManagedBy; the operator restricts its
+	// cache of owned kinds to objects with this label.
+	ManagedBy = "fairshare"
+)
+
+// NameSuffix is appended to the pool name to name every rendered object.
+const NameSuffix = "-scheduler"
+
+// MaxPoolNameLength is the longest pool name that can be rendered: the
+// Service name "<pool>-scheduler" must be a DNS-1035 label (at most 63
+// characters) and the pool name is a label value (at most 63).
+const MaxPoolNameLength = validation.DNS1035LabelMaxLength - len(NameSuffix)
+
+// ErrInvalidPool wraps every error Objects returns: the pool's spec or name
+// cannot be rendered, and retrying without a change cannot help.
+var ErrInvalidPool = errors.New("pool cannot be rendered")
+
+// Options are the operator-wide inputs to rendering.
+type Options struct {
+	// DefaultImage is the scheduler image used when spec.scheduler.image is
+	// empty (the operator's --scheduler-image flag).
+	DefaultImage string
+	// SchedulerClusterRole is the ClusterRole the RoleBinding grants to the
+	// scheduler's ServiceAccount (the operator's --scheduler-cluster-role
+	// flag, normally DefaultSchedulerClusterRole).
+	SchedulerClusterRole string
+}
+
+// Object is a Kubernetes object with metadata and a type: the shape of
+// controller-runtime's client.Object, declared here so render needs no client.
+type Object interface {
+	metav1.Object
+	runtime.Object
+}
+
+// Objects are the rendered scheduler objects of one pool, all named Name(pool)
+// in the pool's namespace.
+type Objects struct {
+	// ConfigMap holds the settings under schedconfig.SettingsKey.
+	ConfigMap *corev1.ConfigMap
+	// ServiceAccount is the scheduler's identity.
+	ServiceAccount *corev1.ServiceAccount
+	// RoleBinding binds ServiceAccount to Options.SchedulerClusterRole in the pool namespace.
+	RoleBinding *rbacv1.RoleBinding
+	// Service exposes the gateway (http, 8080) and metrics (metrics, 9090).
+	Service *corev1.Service
+	// Deployment runs the scheduler.
+	Deployment *appsv1.Deployment
+}
+
+// List returns the objects in apply order: dependencies (ConfigMap,
+// ServiceAccount, RoleBinding, Service) before the Deployment that uses them.
+func (o Objects) List() []Object {
+	return []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.Service, o.Deployment}
+}
+
+// Name returns the name of every object rendered for the pool: "<pool>-scheduler".
+func Name(pool *v1alpha1.ProviderPool) string {
+	return pool.Name + NameSuffix
+}
+
+// Labels returns the labels set on every rendered object and on the pod template.
+func Labels(pool *v1alpha1.ProviderPool) map[string]string {
+	return map[string]string{
+		LabelName:          AppName,
+		LabelInstance:      pool.Name,
+		LabelManagedBy:     ManagedBy,
+		v1alpha1.LabelPool: pool.Name,
+	}
+}
+
+// SelectorLabels returns the Deployment's selector and the Service's
+// selector: the immutable subset of Labels.
+func SelectorLabels(pool *v1alpha1.ProviderPool) map[string]string {
+	return map[string]string{
+		LabelName:     AppName,
+		LabelInstance: pool.Name,
+	}
+}
+
+// Replicas returns spec.scheduler.replicas, or DefaultReplicas when unset.
+func Replicas(pool *v1alpha1.ProviderPool) int32 {
+	if r := pool.Spec.Scheduler.Replicas; r != nil {
+		return *r
+	}
+	return DefaultReplicas
+}
+
+// Settings returns the static scheduler settings of the pool: fixed listen
+// addresses, leader election when more than one replica runs (Lease
+// "<pool>-scheduler"), and statusIntervalSeconds / upstreamConcurrency from
+// spec.scheduler with the API defaults (10 s, 64 calls) when zero.
+func Settings(pool *v1alpha1.ProviderPool) schedconfig.Settings {
+	s := pool.Spec.Scheduler
+	interval := s.StatusIntervalSeconds
+	if interval == 0 {
+		interval = DefaultStatusIntervalSeconds
+	}
+	concurrency := s.UpstreamConcurrency
+	if concurrency == 0 {
+		concurrency = DefaultUpstreamConcurrency
+	}
+	return schedconfig.Settings{
+		APIVersion:            schedconfig.APIVersion,
+		PoolName:              pool.Name,
+		Namespace:             pool.Namespace,
+		HTTPAddr:              HTTPAddr,
+		MetricsAddr:           MetricsAddr,
+		HealthAddr:            HealthAddr,
+		LeaderElection:        Replicas(pool) > 1,
+		LeaseName:             Name(pool),
+		StatusIntervalSeconds: interval,
+		UpstreamConcurrency:   concurrency,
+	}
+}
+
+// Render renders the pool's scheduler objects. It returns an error wrapping
+// ErrInvalidPool when the pool has no name, namespace or UID, when
+// "<pool>-scheduler" is not a valid DNS-1035 label (pool names longer than
+// MaxPoolNameLength or not starting with a letter), when no image is set in
+// the spec nor in opts.DefaultImage, when opts.SchedulerClusterRole is empty,
+// or when the settings do not validate.
+func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
+	if err := validate(pool, opts); err != nil {
+		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
+	}
+	settings := Settings(pool)
+	if err := settings.Validate(); err != nil {
+		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
+	}
+	return Objects{
+		ConfigMap:      configMap(pool, settings),
+		ServiceAccount: serviceAccount(pool),
+		RoleBinding:    roleBinding(pool, opts),
+		Service:        service(pool),
+		Deployment:     deployment(pool, opts, settings),
+	}, nil
+}
+
+func validate(pool *v1alpha1.ProviderPool, opts Options) error {
+	var errs []error
+	if pool.Name == "" || pool.Namespace == "" || pool.UID == "" {
+		errs = append(errs, errors.New("metadata.name, metadata.namespace and metadata.uid are required"))
+	}
+	if msgs := validation.IsDNS1035Label(Name(pool)); pool.Name != "" && len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("object name %q derived from the pool name is not a DNS-1035 label (the pool name must start with a letter and have at most %d characters): %s",
+			Name(pool), MaxPoolNameLength, strings.Join(msgs, "; ")))
+	}
+	if pool.Spec.Scheduler.Image == "" && opts.DefaultImage == "" {
+		errs = append(errs, errors.New("spec.scheduler.image is empty and the operator has no default scheduler image"))
+	}
+	if opts.SchedulerClusterRole == "" {
+		errs = append(errs, errors.New("the operator has no scheduler ClusterRole to bind"))
+	}
+	return errors.Join(errs...)
+}
+
+// meta returns the shared object metadata: name, namespace, labels and the
+// pool as controller owner (blockOwnerDeletion, so foreground deletion of the
+// pool waits for its objects).
+func meta(pool *v1alpha1.ProviderPool) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:      Name(pool),
+		Namespace: pool.Namespace,
+		Labels:    Labels(pool),
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion:         v1alpha1.GroupVersion.String(),
+			Kind:               "ProviderPool",
+			Name:               pool.Name,
+			UID:                pool.UID,
+			Controller:         ptr.To(true),
+			BlockOwnerDeletion: ptr.To(true),
+		}},
+	}
+}
+
+func configMap(pool *v1alpha1.ProviderPool, s schedconfig.Settings) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: meta(pool),
+		Data:       map[string]string{schedconfig.SettingsKey: string(s.Marshal())},
+	}
+}
+
+func serviceAccount(pool *v1alpha1.ProviderPool) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+		ObjectMeta: meta(pool),
+	}
+}
+
+func roleBinding(pool *v1alpha1.ProviderPool, opts Options) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"},
+		ObjectMeta: meta(pool),
+		RoleRef: rbacv1.RoleRef{
+			APIGroup: rbacv1.GroupName,
+			Kind:     "ClusterRole",
+			Name:     opts.SchedulerClusterRole,
+		},
+		Subjects: []rbacv1.Subject{{
+			Kind:      rbacv1.ServiceAccountKind,
+			Name:      Name(pool),
+			Namespace: pool.Namespace,
+		}},
+	}
+}
+
+func service(pool *v1alpha1.ProviderPool) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: meta(pool),
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: SelectorLabels(pool),
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: HTTPPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
+				{Name: "metrics", Port: MetricsPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+}
+
+func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Settings) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "Deployment"},
+		ObjectMeta: meta(pool),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(Replicas(pool)),
+			Selector: &metav1.LabelSelector{MatchLabels: SelectorLabels(pool)},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      Labels(pool),
+					Annotations: map[string]string{v1alpha1.AnnotationSettingsHash: s.Hash()},
+				},
+				Spec: podSpec(pool, opts),
+			},
+		},
+	}
+}
+
+func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
+	return corev1.PodSpec{
+		ServiceAccountName: Name(pool),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Containers: []corev1.Container{container(pool, opts)},
+		Volumes: []corev1.Volume{{
+			Name: ConfigVolume,
+			VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: Name(pool)},
+			}},
+		}},
+	}
+}
+
+func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
+	image := pool.Spec.Scheduler.Image
+	if image == "" {
+		image = opts.DefaultImage
+	}
+	c := corev1.Container{
+		Name:    ContainerName,
+		Image:   image,
+		Command: []string{Command},
+		Args:    []string{"--config=" + ConfigDir + "/" + schedconfig.SettingsKey},
+		Ports: []corev1.ContainerPort{
+			{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
+			{Name: "metrics", ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP},
+			{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
+		},
+		Env:            env(pool),
+		LivenessProbe:  probe("/healthz"),
+		ReadinessProbe: probe("/readyz"),
+		VolumeMounts:   []corev1.VolumeMount{{Name: ConfigVolume, MountPath: ConfigDir, ReadOnly: true}},
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To(RunAsUser),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+	if r := pool.Spec.Scheduler.Resources; r != nil {
+		c.Resources = *r.DeepCopy()
+	}
+	return c
+}
+
+// env returns the provider key (only when the pool references a Secret) and
+// the pod's own name and namespace from the downward API.
+func env(pool *v1alpha1.ProviderPool) []corev1.EnvVar {
+	var vars []corev1.EnvVar
+	if ref := pool.Spec.Upstream.CredentialsSecretRef; ref != nil {
+		key := ref.Key
+		if key == "" {
+			key = DefaultCredentialsKey
+		}
+		vars = append(vars, corev1.EnvVar{
+			Name: schedconfig.ProviderKeyEnv,
+			ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
+				Key:                  key,
+			}},
+		})
+	}
+	return append(vars,
+		fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+		fieldEnv("POD_NAME", "metadata.name"),
+	)
+}
+
+func fieldEnv(name, path string) corev1.EnvVar {
+	return corev1.EnvVar{
+		Name: name,
+		ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
+			APIVersion: "v1",
+			FieldPath:  path,
+		}},
+	}
+}
+
+func probe(path string) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: path,
+			Port: intstr.FromString("health"),
+		}},
+	}
+}

@@ -1,0 +1,360 @@
+package render
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from the current output")
+
+var testOptions = Options{
+	DefaultImage:         "ghcr.io/fairshare-dev/fairshare:v0.1.0",
+	SchedulerClusterRole: DefaultSchedulerClusterRole,
+}
+
+// defaultPool is a pool as a user writes it, with no API defaults filled in.
+func defaultPool() *v1alpha1.ProviderPool {
+	return &v1alpha1.ProviderPool{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "demo",
+			Namespace: "fairshare-demo",
+			UID:       types.UID("0b0e3c1a-5d8f-4b7e-9a61-2f1c7d9e4a10"),
+		},
+		Spec: v1alpha1.ProviderPoolSpec{
+			Upstream: v1alpha1.UpstreamSpec{BaseURL: "http://127.0.0.1:8090"},
+			Models:   []v1alpha1.ModelSpec{{Name: "sim-gpt"}},
+		},
+	}
+}
+
+// fullPool sets every option of the spec.
+func fullPool() *v1alpha1.ProviderPool {
+	p := defaultPool()
+	p.Name = "openai-prod"
+	p.Namespace = "ml-platform"
+	p.Spec = v1alpha1.ProviderPoolSpec{
+		Upstream: v1alpha1.UpstreamSpec{
+			BaseURL:              "https://api.openai.com",
+			Dialect:              v1alpha1.DialectOpenAI,
+			CredentialsSecretRef: &v1alpha1.SecretKeyRef{Name: "openai-key", Key: "token"},
+			TimeoutSeconds:       60,
+		},
+		Models: []v1alpha1.ModelSpec{
+			{Name: "gpt-4o", TokensPerMinute: ptr.To[int64](2_000_000), RequestsPerMinute: ptr.To[int64](10_000)},
+			{Name: "gpt-4o-mini", TokensPerMinute: ptr.To[int64](10_000_000)},
+		},
+		Reserve:   v1alpha1.ReserveSpec{InteractivePercent: ptr.To[int32](30), BatchBorrowAfterSeconds: ptr.To[int32](60)},
+		CostModel: v1alpha1.CostModel{InputTokenWeight: 1, OutputTokenWeight: 3, KVBlockTokens: 32, DefaultMaxOutputTokens: 2048},
+		TenantIdentification: v1alpha1.TenantIdentification{
+			Mode:   v1alpha1.IdentifyByTrustedHeader,
+			Header: "X-Tenant",
+		},
+		Scheduler: v1alpha1.SchedulerSpec{
+			Replicas: ptr.To[int32](3),
+			Image:    "registry.example.com/fairshare:v0.2.0",
+			Resources: &corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			},
+			UpstreamConcurrency:   256,
+			QuantumTokens:         8192,
+			MaxQueuedJobs:         500_000,
+			StatusIntervalSeconds: 30,
+		},
+	}
+	return p
+}
+
+func marshalAll(t *testing.T, objs Objects) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	for i, o := range objs.List() {
+		if i > 0 {
+			buf.WriteString("---\n")
+		}
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatalf("marshal %T: %v", o, err)
+		}
+		buf.Write(b)
+	}
+	return buf.Bytes()
+}
+
+// TestRenderGolden pins the rendered objects; run `go test ./internal/render -update` to regenerate.
+func TestRenderGolden(t *testing.T) {
+	tests := map[string]*v1alpha1.ProviderPool{
+		"default": defaultPool(),
+		"full":    fullPool(),
+	}
+	for name, pool := range tests {
+		t.Run(name, func(t *testing.T) {
+			objs, err := Render(pool, testOptions)
+			if err != nil {
+				t.Fatalf("Render: %v", err)
+			}
+			got := marshalAll(t, objs)
+			path := filepath.Join("testdata", name+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("reading golden file (run with -update to create it): %v", err)
+			}
+			if diff := cmp.Diff(string(want), string(got)); diff != "" {
+				t.Errorf("rendered objects differ from %s (-want +got):\n%s", path, diff)
+			}
+		})
+	}
+}
+
+func TestRenderIsDeterministic(t *testing.T) {
+	a, err := Render(fullPool(), testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Render(fullPool(), testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(marshalAll(t, a), marshalAll(t, b)); diff != "" {
+		t.Errorf("two renders of the same pool differ:\n%s", diff)
+	}
+}
+
+func TestSettings(t *testing.T) {
+	tests := map[string]struct {
+		pool *v1alpha1.ProviderPool
+		want schedconfig.Settings
+	}{
+		"defaults when zero": {
+			pool: defaultPool(),
+			want: schedconfig.Settings{
+				APIVersion: schedconfig.APIVersion, PoolName: "demo", Namespace: "fairshare-demo",
+				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
+				LeaderElection: false, LeaseName: "demo-scheduler",
+				StatusIntervalSeconds: 10, UpstreamConcurrency: 64,
+			},
+		},
+		"from spec, leader election above one replica": {
+			pool: fullPool(),
+			want: schedconfig.Settings{
+				APIVersion: schedconfig.APIVersion, PoolName: "openai-prod", Namespace: "ml-platform",
+				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
+				LeaderElection: true, LeaseName: "openai-prod-scheduler",
+				StatusIntervalSeconds: 30, UpstreamConcurrency: 256,
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := Settings(tc.pool)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Settings (-want +got):\n%s", diff)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("rendered settings do not validate: %v", err)
+			}
+			objs, err := Render(tc.pool, testOptions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parsed, err := schedconfig.Parse([]byte(objs.ConfigMap.Data[schedconfig.SettingsKey]))
+			if err != nil {
+				t.Fatalf("ConfigMap settings do not parse: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, parsed); diff != "" {
+				t.Errorf("ConfigMap settings (-want +got):\n%s", diff)
+			}
+			if got, want := objs.Deployment.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash], tc.want.Hash(); got != want {
+				t.Errorf("settings hash annotation = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestSettingsHash: a scheduler setting change rolls the Deployment; a change
+// the scheduler reads live from the pool leaves the pod template untouched.
+func TestSettingsHash(t *testing.T) {
+	base := fullPool()
+	tests := map[string]struct {
+		mutate      func(*v1alpha1.ProviderPool)
+		wantChanged bool
+	}{
+		"statusIntervalSeconds":    {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.StatusIntervalSeconds = 5 }, true},
+		"upstreamConcurrency":      {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.UpstreamConcurrency = 8 }, true},
+		"replicas 3 to 1":          {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.Replicas = ptr.To[int32](1) }, true},
+		"replicas 3 to 2":          {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.Replicas = ptr.To[int32](2) }, false},
+		"models":                   {func(p *v1alpha1.ProviderPool) { p.Spec.Models = append(p.Spec.Models, v1alpha1.ModelSpec{Name: "o3"}) }, false},
+		"model hint":               {func(p *v1alpha1.ProviderPool) { p.Spec.Models[0].TokensPerMinute = ptr.To[int64](1) }, false},
+		"reserve":                  {func(p *v1alpha1.ProviderPool) { p.Spec.Reserve.InteractivePercent = ptr.To[int32](0) }, false},
+		"cost model":               {func(p *v1alpha1.ProviderPool) { p.Spec.CostModel.OutputTokenWeight = 8 }, false},
+		"tenant identification":    {func(p *v1alpha1.ProviderPool) { p.Spec.TenantIdentification.Header = "X-Other" }, false},
+		"upstream base URL":        {func(p *v1alpha1.ProviderPool) { p.Spec.Upstream.BaseURL = "https://example.com" }, false},
+		"quantum and queue bounds": {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.QuantumTokens = 1; p.Spec.Scheduler.MaxQueuedJobs = 1 }, false},
+	}
+	before, err := Render(base, testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pool := base.DeepCopy()
+			tc.mutate(pool)
+			after, err := Render(pool, testOptions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldHash := before.Deployment.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash]
+			newHash := after.Deployment.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash]
+			if changed := oldHash != newHash; changed != tc.wantChanged {
+				t.Errorf("hash changed = %v, want %v (old %s, new %s)", changed, tc.wantChanged, oldHash, newHash)
+			}
+			if !tc.wantChanged {
+				if diff := cmp.Diff(before.Deployment.Spec.Template, after.Deployment.Spec.Template); diff != "" {
+					t.Errorf("pod template changed for a live setting (-before +after):\n%s", diff)
+				}
+				if diff := cmp.Diff(before.ConfigMap.Data, after.ConfigMap.Data); diff != "" {
+					t.Errorf("ConfigMap changed for a live setting (-before +after):\n%s", diff)
+				}
+			}
+		})
+	}
+}
+
+func TestRenderMetadata(t *testing.T) {
+	pool := defaultPool()
+	objs, err := Render(pool, testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels := map[string]string{
+		"app.kubernetes.io/name":       "fairshare-scheduler",
+		"app.kubernetes.io/instance":   "demo",
+		"app.kubernetes.io/managed-by": "fairshare",
+		"quota.fairshare.dev/pool":     "demo",
+	}
+	wantOwners := []metav1.OwnerReference{{
+		APIVersion: "quota.fairshare.dev/v1alpha1", Kind: "ProviderPool", Name: "demo",
+		UID: pool.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+	}}
+	for _, o := range objs.List() {
+		gvk := o.GetObjectKind().GroupVersionKind()
+		t.Run(gvk.Kind, func(t *testing.T) {
+			if gvk.Version == "" || gvk.Kind == "" {
+				t.Errorf("TypeMeta not set: %v", gvk)
+			}
+			if o.GetName() != "demo-scheduler" || o.GetNamespace() != "fairshare-demo" {
+				t.Errorf("object %s/%s, want fairshare-demo/demo-scheduler", o.GetNamespace(), o.GetName())
+			}
+			if diff := cmp.Diff(wantLabels, o.GetLabels()); diff != "" {
+				t.Errorf("labels (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantOwners, o.GetOwnerReferences()); diff != "" {
+				t.Errorf("owner references (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRenderCredentials(t *testing.T) {
+	tests := map[string]struct {
+		ref     *v1alpha1.SecretKeyRef
+		wantEnv []string
+		wantKey string
+	}{
+		"no secret":         {ref: nil, wantEnv: []string{"POD_NAMESPACE", "POD_NAME"}},
+		"secret, key unset": {ref: &v1alpha1.SecretKeyRef{Name: "k"}, wantEnv: []string{"FAIRSHARE_PROVIDER_API_KEY", "POD_NAMESPACE", "POD_NAME"}, wantKey: "api-key"},
+		"secret and key":    {ref: &v1alpha1.SecretKeyRef{Name: "k", Key: "tok"}, wantEnv: []string{"FAIRSHARE_PROVIDER_API_KEY", "POD_NAMESPACE", "POD_NAME"}, wantKey: "tok"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pool := defaultPool()
+			pool.Spec.Upstream.CredentialsSecretRef = tc.ref
+			objs, err := Render(pool, testOptions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := objs.Deployment.Spec.Template.Spec.Containers[0].Env
+			var names []string
+			for _, e := range env {
+				names = append(names, e.Name)
+			}
+			if diff := cmp.Diff(tc.wantEnv, names); diff != "" {
+				t.Errorf("env names (-want +got):\n%s", diff)
+			}
+			if tc.ref != nil {
+				sel := env[0].ValueFrom.SecretKeyRef
+				if sel.Name != tc.ref.Name || sel.Key != tc.wantKey {
+					t.Errorf("secretKeyRef = %s/%s, want %s/%s", sel.Name, sel.Key, tc.ref.Name, tc.wantKey)
+				}
+				if env[0].Value != "" {
+					t.Errorf("provider key rendered as a literal value")
+				}
+			}
+		})
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	tests := map[string]struct {
+		mutate func(*v1alpha1.ProviderPool, *Options)
+	}{
+		"name too long":          {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "a23456789012345678901234567890123456789012345678901234" }},
+		"name starts with digit": {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "1pool" }},
+		"name with dot":          {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "a.b" }},
+		"no uid":                 {func(p *v1alpha1.ProviderPool, _ *Options) { p.UID = "" }},
+		"no namespace":           {func(p *v1alpha1.ProviderPool, _ *Options) { p.Namespace = "" }},
+		"no image":               {func(_ *v1alpha1.ProviderPool, o *Options) { o.DefaultImage = "" }},
+		"no cluster role":        {func(_ *v1alpha1.ProviderPool, o *Options) { o.SchedulerClusterRole = "" }},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pool, opts := defaultPool(), testOptions
+			tc.mutate(pool, &opts)
+			_, err := Render(pool, opts)
+			if !errors.Is(err, ErrInvalidPool) {
+				t.Errorf("Render error = %v, want ErrInvalidPool", err)
+			}
+		})
+	}
+	t.Run("longest valid name", func(t *testing.T) {
+		pool := defaultPool()
+		pool.Name = "a2345678901234567890123456789012345678901234567890123"
+		if len(pool.Name) != MaxPoolNameLength {
+			t.Fatalf("fixture has %d characters, want %d", len(pool.Name), MaxPoolNameLength)
+		}
+		if _, err := Render(pool, testOptions); err != nil {
+			t.Errorf("Render: %v", err)
+		}
+	})
+	t.Run("spec image without default", func(t *testing.T) {
+		pool := defaultPool()
+		pool.Spec.Scheduler.Image = "img:1"
+		objs, err := Render(pool, Options{SchedulerClusterRole: "r"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := objs.Deployment.Spec.Template.Spec.Containers[0].Image; got != "img:1" {
+			t.Errorf("image = %q, want img:1", got)
+		}
+	})
+}

@@ -1,0 +1,46 @@
+// Package throttle paces calls to an LLM provider from what the provider says
+// is left of its quota, one Throttle per (ProviderPool, model).
+//
+// Two parts:
+//
+//   - Header parsing (headers.go, sf.go): ParseHeaders reads every rate-limit
+//     dialect a provider may speak — OpenAI and Azure OpenAI
+//     x-ratelimit-{limit,remaining,reset}-{requests,tokens}, Anthropic
+//     anthropic-ratelimit-*, the classic X-RateLimit-{Limit,Remaining,Reset},
+//     the IETF draft-ietf-httpapi-ratelimit-headers structured fields
+//     (RateLimit / RateLimit-Policy, draft-10/11) and the older
+//     RateLimit-{Limit,Remaining,Reset} form (draft-03..06) — and keeps the
+//     most restrictive figure per dimension (provider tokens, requests).
+//     ParseRetryAfter reads retry-after-ms, x-ms-retry-after-ms and
+//     Retry-After (delay-seconds or any RFC 9110 HTTP-date form). Malformed,
+//     negative, NaN or out-of-range values are ignored and counted, never
+//     turned into "no wait" or "wait forever".
+//
+//   - The adaptive throttle (throttle.go): per dimension it keeps the
+//     provider's last figure (limit, remaining, reset) and the calls started
+//     since, estimates the remaining quota in between (continuous token-bucket
+//     replenishment for OpenAI, Azure and Anthropic; a fixed window for the
+//     classic and IETF fields), keeps a reserve of the limit for interactive
+//     traffic that batch work may not use, pauses every start after a 429
+//     until the provider's Retry-After or reset, and spreads the callers
+//     released after a pause over a jitter window so they do not return as
+//     a herd. Without provider figures it paces from the configured
+//     per-minute hints with a sliding 60 s window log, and without hints it
+//     lets one probe call through at a time until a response says something.
+//
+// Time is always a parameter (now time.Time), x/time/rate style: the package
+// has no clock, no goroutines and no I/O. A wait returned by TryStart may be
+// long (a provider's Retry-After of days is represented exactly); callers
+// must compare it with their own deadline and context and give up instead of
+// sleeping past it (BC-12).
+//
+// Units: provider tokens are what the provider counts against the account
+// (prompt + max output tokens); requests count 1 per call. Durations are
+// time.Duration; per-minute hints are per 60 s.
+//
+// Sources: the rules follow the seed article "One rate limit, many tenants"
+// (sections "Reading the quota instead of guessing it", "The adaptive
+// throttle", "Two paths, one quota"), the provider header reference, RFC 9110
+// section 10.2.3 (Retry-After), RFC 9651 (Structured Fields), and the
+// regression cases BC-02, BC-03, BC-05, BC-07, BC-11, BC-12, BC-13 and BC-39.
+package throttle

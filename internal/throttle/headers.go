@@ -1,0 +1,598 @@
+package throttle
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Bounds on parsed values. A value outside them is malformed (ignored and
+// counted in Quota.Malformed), except Retry-After, which is clamped (see
+// MaxRetryAfter).
+const (
+	// MaxReset is the longest reset the parser accepts (24 h: the longest
+	// window any provider documents is a day, e.g. an IETF policy w=86400).
+	// A longer reset is malformed, so it can never mean "wait forever".
+	MaxReset = 24 * time.Hour
+
+	// MaxRetryAfter is the longest Retry-After the parser represents
+	// (7 days). A provider's explicit Retry-After is the one figure that must
+	// never be shortened into an early retry (BC-05d), so larger values are
+	// clamped to it rather than ignored; 277403 s (BC-12) is below it and
+	// represented exactly. Callers compare waits with their deadline.
+	MaxRetryAfter = 7 * 24 * time.Hour
+
+	// MaxQuotaValue is the largest limit or remaining count accepted (1e15);
+	// larger values are malformed.
+	MaxQuotaValue int64 = 1_000_000_000_000_000
+
+	// EpochSecondsThreshold: a bare numeric reset at or above it (1e9, i.e.
+	// 2001-09-09) is an absolute Unix time in seconds; below it, a delay in
+	// seconds. Classic X-RateLimit-Reset is sent both ways (Envoy: delta;
+	// GitHub: epoch).
+	EpochSecondsThreshold = 1e9
+
+	// EpochMillisThreshold: a bare numeric reset at or above it (1e12) is an
+	// absolute Unix time in milliseconds. At or above 1e15 it is malformed.
+	EpochMillisThreshold = 1e12
+)
+
+// Dialect names, as reported in Quota.Dialect and Dimension.Dialect.
+const (
+	DialectOpenAI    = "openai"    // x-ratelimit-{limit,remaining,reset}-{requests,tokens}, Go-duration resets
+	DialectAnthropic = "anthropic" // anthropic-ratelimit-*-{limit,remaining,reset}, RFC 3339 resets
+	DialectAzure     = "azure"     // OpenAI names with integer-second resets or retry-after-ms / x-ms-retry-after-ms
+	DialectClassic   = "classic"   // X-RateLimit-{Limit,Remaining,Reset}
+	DialectIETF      = "ietf"      // RateLimit / RateLimit-Policy (draft-10/11) and RateLimit-{Limit,Remaining,Reset} (draft-03..06)
+)
+
+// Dimension is what a response says about one quota dimension.
+type Dimension struct {
+	// Limit is the quota per window (tokens or requests); -1 unknown. Always
+	// > 0 when known (a zero limit, as Azure sometimes sends, is malformed).
+	Limit int64
+	// Remaining is what is left now; -1 unknown. Never above Limit when both
+	// are known.
+	Remaining int64
+	// Reset is the time until the quota is fully replenished (OpenAI,
+	// Anthropic, Azure) or the window ends (classic, IETF); -1 unknown,
+	// otherwise in [0, MaxReset].
+	Reset time.Duration
+	// Dialect is the dialect that supplied this figure, "" if none.
+	Dialect string
+}
+
+// Known reports whether the dimension carries a limit or a remaining count.
+func (d Dimension) Known() bool { return d.Limit > 0 || d.Remaining >= 0 }
+
+// Quota is everything one response says about the provider's rate limit.
+type Quota struct {
+	// Tokens is the provider-token dimension (prompt + max output tokens),
+	// Requests the request dimension.
+	Tokens, Requests Dimension
+	// RetryAfter is the provider's explicit wait, valid when HasRetryAfter;
+	// in [0, MaxRetryAfter].
+	RetryAfter    time.Duration
+	HasRetryAfter bool
+	// Dialect is the dialect of the winning tokens figure, else of the
+	// winning requests figure, else "azure" when only a millisecond
+	// Retry-After was seen, else "".
+	Dialect string
+	// Malformed counts header values (or structured-field members) ignored
+	// as malformed, for a metric.
+	Malformed int
+}
+
+func unknownDimension() Dimension { return Dimension{Limit: -1, Remaining: -1, Reset: -1} }
+
+// Canonical header keys, looked up directly in the http.Header map (the same
+// semantics as Header.Get, without canonicalising on every call).
+var (
+	hRetryAfter     = http.CanonicalHeaderKey("retry-after")
+	hRetryAfterMs   = http.CanonicalHeaderKey("retry-after-ms")
+	hXMsRetryAfter  = http.CanonicalHeaderKey("x-ms-retry-after-ms")
+	hClassicLimit   = http.CanonicalHeaderKey("x-ratelimit-limit")
+	hClassicRemain  = http.CanonicalHeaderKey("x-ratelimit-remaining")
+	hClassicReset   = http.CanonicalHeaderKey("x-ratelimit-reset")
+	hIETFLimit      = http.CanonicalHeaderKey("ratelimit-limit")
+	hIETFRemaining  = http.CanonicalHeaderKey("ratelimit-remaining")
+	hIETFReset      = http.CanonicalHeaderKey("ratelimit-reset")
+	hIETFRateLimit  = http.CanonicalHeaderKey("ratelimit")
+	hIETFPolicy     = http.CanonicalHeaderKey("ratelimit-policy")
+	hOpenAI         = [2][3]string{} // [dim][limit, remaining, reset]
+	hAnthropic      = [2][3]string{} // requests, tokens
+	hAnthropicInOut = [2][3]string{} // input-tokens, output-tokens
+)
+
+const (
+	dimTokens   = 0
+	dimRequests = 1
+)
+
+func init() {
+	for d, unit := range [2]string{"tokens", "requests"} {
+		for k, f := range [3]string{"limit", "remaining", "reset"} {
+			hOpenAI[d][k] = http.CanonicalHeaderKey("x-ratelimit-" + f + "-" + unit)
+			hAnthropic[d][k] = http.CanonicalHeaderKey("anthropic-ratelimit-" + unit + "-" + f)
+		}
+	}
+	for d, unit := range [2]string{"input-tokens", "output-tokens"} {
+		for k, f := range [3]string{"limit", "remaining", "reset"} {
+			hAnthropicInOut[d][k] = http.CanonicalHeaderKey("anthropic-ratelimit-" + unit + "-" + f)
+		}
+	}
+}
+
+func header(h http.Header, key string) (string, bool) {
+	vs := h[key]
+	if len(vs) == 0 {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// trimOWS trims HTTP optional whitespace (SP, HTAB) and other ASCII space.
+func trimOWS(s string) string { return strings.TrimSpace(s) }
+
+// isDecimalNumber reports whether s is digits with at most one '.', followed
+// by at least one digit: no sign, exponent, NaN or Inf.
+func isDecimalNumber(s string) bool {
+	if s == "" {
+		return false
+	}
+	dot := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case isDigit(c):
+		case c == '.' && !dot && i > 0 && i < len(s)-1:
+			dot = true
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// parseCount parses a non-negative integer count in [0, MaxQuotaValue].
+func parseCount(s string) (int64, bool) {
+	s = trimOWS(s)
+	if s == "" || len(s) > 16 {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isDigit(s[i]) {
+			return 0, false
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v > MaxQuotaValue {
+		return 0, false
+	}
+	return v, true
+}
+
+// parseLimit parses a limit: a positive count, optionally followed by an
+// Envoy/draft-03 policy list ("10, 10;w=1;name=\"per-ip\", 1000;w=3600"),
+// of which the leading figure is the limit in effect.
+func parseLimit(s string) (int64, bool) {
+	if i := strings.IndexAny(s, ",;"); i >= 0 {
+		s = s[:i]
+	}
+	v, ok := parseCount(s)
+	if !ok || v == 0 {
+		return 0, false
+	}
+	return v, true
+}
+
+// ParseResetDuration parses an OpenAI/Azure reset value: a Go duration such
+// as "6m0s", "1.5s", "250ms", "1m30.5s" or "0s", or a bare number of seconds
+// ("0", "60", "8.64": Azure sends integer seconds). Surrounding whitespace is
+// trimmed. It returns ok=false for anything else, for negative values and
+// for values above MaxReset ("1d", "abc", "-1s", "NaN", "25h"), so the
+// caller falls back to its default instead of reading 0 or "forever"
+// (BC-02).
+func ParseResetDuration(s string) (time.Duration, bool) {
+	s = trimOWS(s)
+	if s == "" {
+		return 0, false
+	}
+	if isDecimalNumber(s) {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v > MaxReset.Seconds() {
+			return 0, false
+		}
+		return time.Duration(math.Round(v * 1e9)), true
+	}
+	if s[0] == '-' || s[0] == '+' {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > MaxReset {
+		return 0, false
+	}
+	return d, true
+}
+
+// parseResetValue parses any reset encoding a provider sends, relative to
+// now: an RFC 3339 time (Anthropic; offsets allowed), a bare number (below
+// EpochSecondsThreshold delay seconds, below EpochMillisThreshold epoch
+// seconds, below 1e15 epoch milliseconds), or a Go duration. An absolute
+// time in the past means "replenished now" (0); anything above MaxReset is
+// malformed.
+func parseResetValue(s string, now time.Time) (time.Duration, bool) {
+	s = trimOWS(s)
+	if isDecimalNumber(s) {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return 0, false
+		}
+		var at time.Time
+		switch {
+		case v < EpochSecondsThreshold:
+			if v > MaxReset.Seconds() {
+				return 0, false
+			}
+			return time.Duration(math.Round(v * 1e9)), true
+		case v < EpochMillisThreshold:
+			sec := math.Floor(v)
+			at = time.Unix(int64(sec), int64(math.Round((v-sec)*1e9)))
+		case v < 1e15:
+			ms := math.Floor(v)
+			at = time.UnixMilli(int64(ms)).Add(time.Duration(math.Round((v - ms) * 1e6)))
+		default:
+			return 0, false
+		}
+		return untilTime(at, now)
+	}
+	if len(s) >= 20 && (strings.IndexByte(s, 'T') > 0 || strings.IndexByte(s, 't') > 0) {
+		at, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			return 0, false
+		}
+		return untilTime(at, now)
+	}
+	return ParseResetDuration(s)
+}
+
+// untilTime is at-now clamped at 0 (a past reset means "now"), malformed
+// above MaxReset.
+func untilTime(at, now time.Time) (time.Duration, bool) {
+	d := at.Sub(now)
+	if d < 0 {
+		return 0, true
+	}
+	if d > MaxReset {
+		return 0, false
+	}
+	return d, true
+}
+
+// clampRetry clamps a non-negative wait in seconds to [0, MaxRetryAfter].
+func clampRetry(seconds float64) time.Duration {
+	if seconds >= MaxRetryAfter.Seconds() {
+		return MaxRetryAfter
+	}
+	return time.Duration(math.Round(seconds * 1e9))
+}
+
+// ParseRetryAfter reads the provider's explicit wait from h at now. Order:
+// retry-after-ms, then x-ms-retry-after-ms (milliseconds; Azure, OpenAI
+// SDKs), which win over Retry-After (BC-05a); then Retry-After as
+// delay-seconds or any of the three RFC 9110 HTTP-date forms (IMF-fixdate,
+// RFC 850, asctime) via http.ParseTime (BC-03). A past date gives 0, ok; "0"
+// gives 0, ok (eligible immediately, BC-05b). Values above MaxRetryAfter are
+// clamped to it. A malformed or absent value gives ok=false, so the caller
+// applies its default backoff (never 0).
+func ParseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
+	d, ok, _ = parseRetryAfter(h, now)
+	return d, ok
+}
+
+func parseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool, malformed int) {
+	for _, key := range [2]string{hRetryAfterMs, hXMsRetryAfter} {
+		v, present := header(h, key)
+		if !present {
+			continue
+		}
+		v = trimOWS(v)
+		if isDecimalNumber(v) {
+			if ms, err := strconv.ParseFloat(v, 64); err == nil {
+				return clampRetry(ms / 1000), true, malformed
+			}
+		}
+		malformed++
+	}
+	v, present := header(h, hRetryAfter)
+	if !present {
+		return 0, false, malformed
+	}
+	v = trimOWS(v)
+	if isDecimalNumber(v) {
+		if sec, err := strconv.ParseFloat(v, 64); err == nil {
+			return clampRetry(sec), true, malformed
+		}
+	}
+	at, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false, malformed + 1
+	}
+	d = at.Sub(now)
+	if d < 0 {
+		return 0, true, malformed
+	}
+	if d > MaxRetryAfter {
+		d = MaxRetryAfter
+	}
+	return d, true, malformed
+}
+
+// parser accumulates candidate figures per dimension while reading the
+// dialects, and keeps the most restrictive one.
+type parser struct {
+	h         http.Header
+	now       time.Time
+	best      [2]Dimension
+	malformed int
+}
+
+// offer proposes a figure for dimension dim. The most restrictive wins: the
+// smallest remaining, for equal remaining the later reset; a figure with a
+// remaining beats one without; among limit-only figures the smallest limit.
+func (p *parser) offer(dim int, c Dimension) {
+	if c.Remaining < 0 && c.Limit <= 0 {
+		return
+	}
+	if c.Limit > 0 && c.Remaining > c.Limit {
+		c.Remaining = c.Limit
+	}
+	b := &p.best[dim]
+	better := false
+	switch {
+	case b.Remaining < 0 && b.Limit <= 0:
+		better = true
+	case c.Remaining >= 0 && b.Remaining < 0:
+		better = true
+	case c.Remaining < 0 && b.Remaining >= 0:
+		better = false
+	case c.Remaining >= 0:
+		better = c.Remaining < b.Remaining || (c.Remaining == b.Remaining && c.Reset > b.Reset)
+	default:
+		better = c.Limit < b.Limit
+	}
+	if better {
+		*b = c
+	}
+}
+
+// triplet reads limit, remaining and reset header values into a Dimension.
+// present reports whether any of the three headers was there.
+func (p *parser) triplet(keys [3]string, dialect string) (d Dimension, present bool) {
+	d = unknownDimension()
+	d.Dialect = dialect
+	if v, ok := header(p.h, keys[0]); ok {
+		present = true
+		if n, ok := parseLimit(v); ok {
+			d.Limit = n
+		} else {
+			p.malformed++
+		}
+	}
+	if v, ok := header(p.h, keys[1]); ok {
+		present = true
+		if n, ok := parseCount(v); ok {
+			d.Remaining = n
+		} else {
+			p.malformed++
+		}
+	}
+	if v, ok := header(p.h, keys[2]); ok {
+		present = true
+		if r, ok := parseResetValue(v, p.now); ok {
+			d.Reset = r
+		} else {
+			p.malformed++
+		}
+	}
+	return d, present
+}
+
+// ParseHeaders reads every rate-limit dialect in h (a response received at
+// now) and returns the most restrictive figure per dimension, the explicit
+// Retry-After, and a count of malformed values. It never fails and never
+// panics: malformed, negative, NaN or out-of-range values are ignored (and
+// counted), so the caller's default applies.
+//
+// Dialects (see provider-headers reference):
+//   - OpenAI / Azure OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens};
+//     resets as Go durations (OpenAI) or integer seconds (Azure). Reported as
+//     "azure" when retry-after-ms / x-ms-retry-after-ms is present, a reset is a
+//     bare number, or a remaining comes without a reset.
+//   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset},
+//     RFC 3339 resets (offsets allowed; a past reset means 0). The tokens
+//     triplet is Anthropic's "most restrictive limit in effect" and is used
+//     when present; otherwise input and output are summed. An exhausted
+//     input or output dimension (remaining 0) is always a candidate.
+//   - Classic X-RateLimit-{Limit,Remaining,Reset}: the requests dimension;
+//     reset as delay seconds, epoch seconds (>= 1e9) or epoch ms (>= 1e12).
+//   - IETF draft-10/11 RateLimit and RateLimit-Policy structured Lists (any
+//     number of members and field lines); a policy's qu "requests"/"request"
+//     (the default) maps to Requests, a unit containing "token" to Tokens,
+//     others are ignored. The draft-03..06 RateLimit-{Limit,Remaining,Reset}
+//     with RateLimit-Policy "10;w=1" maps to Requests.
+func ParseHeaders(h http.Header, now time.Time) Quota {
+	p := parser{h: h, now: now, best: [2]Dimension{unknownDimension(), unknownDimension()}}
+	q := Quota{}
+	var msRetry bool
+	q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(h, now)
+	if q.HasRetryAfter {
+		_, a := header(h, hRetryAfterMs)
+		_, b := header(h, hXMsRetryAfter)
+		msRetry = a || b
+	}
+
+	// OpenAI / Azure.
+	for dim := 0; dim < 2; dim++ {
+		d, present := p.triplet(hOpenAI[dim], DialectOpenAI)
+		if !present {
+			continue
+		}
+		resetRaw, hasReset := header(h, hOpenAI[dim][2])
+		if msRetry || (d.Remaining >= 0 && !hasReset) || (hasReset && isDecimalNumber(trimOWS(resetRaw))) {
+			d.Dialect = DialectAzure
+		}
+		p.offer(dim, d)
+	}
+
+	// Anthropic.
+	if d, present := p.triplet(hAnthropic[dimRequests], DialectAnthropic); present {
+		p.offer(dimRequests, d)
+	}
+	tok, _ := p.triplet(hAnthropic[dimTokens], DialectAnthropic)
+	in, _ := p.triplet(hAnthropicInOut[0], DialectAnthropic)
+	out, _ := p.triplet(hAnthropicInOut[1], DialectAnthropic)
+	switch {
+	case tok.Known():
+		p.offer(dimTokens, tok)
+	case in.Remaining >= 0 && out.Remaining >= 0:
+		sum := Dimension{Limit: -1, Remaining: in.Remaining + out.Remaining, Reset: max(in.Reset, out.Reset), Dialect: DialectAnthropic}
+		if in.Limit > 0 && out.Limit > 0 {
+			sum.Limit = in.Limit + out.Limit
+		}
+		p.offer(dimTokens, sum)
+	default:
+		p.offer(dimTokens, in)
+		p.offer(dimTokens, out)
+	}
+	if in.Remaining == 0 {
+		p.offer(dimTokens, in)
+	}
+	if out.Remaining == 0 {
+		p.offer(dimTokens, out)
+	}
+
+	// Classic.
+	if d, present := p.triplet([3]string{hClassicLimit, hClassicRemain, hClassicReset}, DialectClassic); present {
+		p.offer(dimRequests, d)
+	}
+
+	// IETF.
+	p.parseIETF()
+
+	q.Tokens, q.Requests, q.Malformed = p.best[dimTokens], p.best[dimRequests], p.malformed
+	switch {
+	case q.Tokens.Dialect != "":
+		q.Dialect = q.Tokens.Dialect
+	case q.Requests.Dialect != "":
+		q.Dialect = q.Requests.Dialect
+	case msRetry:
+		q.Dialect = DialectAzure
+	}
+	return q
+}
+
+// ietfPolicy is one RateLimit-Policy member.
+type ietfPolicy struct {
+	name string
+	q    int64
+	dim  int // dimTokens, dimRequests, or -1 for units we do not pace
+	used bool
+}
+
+// ietfUnit maps a quota unit to a dimension: "requests" (the default) or
+// "request" (the draft's IANA table) to Requests, any unit naming tokens
+// (no tokens unit is registered; vendors use their own) to Tokens, others
+// (content-bytes, concurrent-requests) to -1.
+func ietfUnit(qu string) int {
+	switch {
+	case qu == "" || strings.EqualFold(qu, "requests") || strings.EqualFold(qu, "request"):
+		return dimRequests
+	case strings.Contains(strings.ToLower(qu), "token"):
+		return dimTokens
+	}
+	return -1
+}
+
+func (p *parser) parseIETF() {
+	var buf [8]ietfPolicy
+	policies := buf[:0]
+	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
+	for _, line := range p.h[hIETFPolicy] {
+		p.malformed += forEachSFMember(line, func(m *sfMember) {
+			switch m.item.kind {
+			case sfString, sfToken:
+				qv, ok := m.param("q")
+				if !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue {
+					p.malformed++
+					return
+				}
+				unit := ""
+				if u, ok := m.param("qu"); ok {
+					if u.kind != sfString && u.kind != sfToken {
+						p.malformed++
+						return
+					}
+					unit = u.s
+				}
+				policies = append(policies, ietfPolicy{name: m.item.s, q: qv.i, dim: ietfUnit(unit)})
+			case sfInteger:
+				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
+					p.malformed++
+					return
+				}
+				if oldLimit < 0 || m.item.i < oldLimit {
+					oldLimit = m.item.i
+				}
+			default:
+				p.malformed++
+			}
+		})
+	}
+	for _, line := range p.h[hIETFRateLimit] {
+		p.malformed += forEachSFMember(line, func(m *sfMember) {
+			if m.item.kind != sfString && m.item.kind != sfToken {
+				p.malformed++
+				return
+			}
+			rv, ok := m.param("r")
+			if !ok || rv.kind != sfInteger || rv.i < 0 || rv.i > MaxQuotaValue {
+				p.malformed++
+				return
+			}
+			d := Dimension{Limit: -1, Remaining: rv.i, Reset: -1, Dialect: DialectIETF}
+			if tv, ok := m.param("t"); ok {
+				if tv.kind == sfInteger && tv.i >= 0 && tv.i <= int64(MaxReset/time.Second) {
+					d.Reset = time.Duration(tv.i) * time.Second
+				} else {
+					p.malformed++
+				}
+			}
+			dim := dimRequests
+			for i := range policies {
+				if policies[i].name == m.item.s {
+					policies[i].used = true
+					d.Limit, dim = policies[i].q, policies[i].dim
+					break
+				}
+			}
+			if dim >= 0 {
+				p.offer(dim, d)
+			}
+		})
+	}
+	for _, pol := range policies {
+		if !pol.used && pol.dim >= 0 {
+			p.offer(pol.dim, Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Dialect: DialectIETF})
+		}
+	}
+	// draft-03..06 form.
+	if d, present := p.triplet([3]string{hIETFLimit, hIETFRemaining, hIETFReset}, DialectIETF); present || oldLimit > 0 {
+		if d.Limit < 0 {
+			d.Limit = oldLimit
+		}
+		p.offer(dimRequests, d)
+	}
+}

@@ -1,0 +1,274 @@
+package throttle
+
+import (
+	"strconv"
+	"strings"
+)
+
+// This file is a small, tolerant reader for RFC 9651 Structured Field Lists,
+// enough for the IETF RateLimit and RateLimit-Policy fields
+// (draft-ietf-httpapi-ratelimit-headers-10/11). Unlike a strict RFC 9651
+// parser, which discards a whole field when any member is malformed, it skips
+// the malformed member only, as the brief for this package asks ("malformed
+// items ignored"), and counts it.
+
+type sfKind uint8
+
+const (
+	sfNone sfKind = iota
+	sfString
+	sfToken
+	sfInteger
+	sfDecimal
+	sfBytes
+	sfBool
+)
+
+// sfValue is one bare item: a String or Token in s, an Integer in i.
+type sfValue struct {
+	kind sfKind
+	s    string
+	i    int64
+}
+
+// sfMaxParams bounds the parameters kept per member; further parameters are
+// parsed (so the member is validated) but not kept.
+const sfMaxParams = 8
+
+type sfParam struct {
+	key string
+	val sfValue
+}
+
+// sfMember is one List member: an Item and its parameters.
+type sfMember struct {
+	item    sfValue
+	params  [sfMaxParams]sfParam
+	nParams int
+}
+
+// param returns the value of parameter key, if present.
+func (m *sfMember) param(key string) (sfValue, bool) {
+	for i := 0; i < m.nParams; i++ {
+		if m.params[i].key == key {
+			return m.params[i].val, true
+		}
+	}
+	return sfValue{}, false
+}
+
+// forEachSFMember parses s as an RFC 9651 List and calls fn for every
+// well-formed Item member. It returns the number of members skipped as
+// malformed (Inner Lists count as malformed: no RateLimit field uses them).
+func forEachSFMember(s string, fn func(m *sfMember)) (malformed int) {
+	var m sfMember
+	i := 0
+	for {
+		i = skipOWS(s, i)
+		if i >= len(s) {
+			return malformed
+		}
+		j, ok := parseSFMember(s, i, &m)
+		if ok {
+			j = skipOWS(s, j)
+			if j < len(s) && s[j] != ',' {
+				ok = false
+			}
+		}
+		if !ok {
+			malformed++
+			i = skipToNextMember(s, i)
+			continue
+		}
+		fn(&m)
+		if j >= len(s) {
+			return malformed
+		}
+		i = j + 1 // past the comma
+	}
+}
+
+func skipOWS(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// skipToNextMember returns the index just past the next comma outside a
+// quoted string, or len(s).
+func skipToNextMember(s string, i int) int {
+	inQuote := false
+	for ; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case inQuote && c == '\\':
+			i++
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == ',':
+			return i + 1
+		}
+	}
+	return len(s)
+}
+
+func parseSFMember(s string, i int, m *sfMember) (int, bool) {
+	m.nParams = 0
+	v, j, ok := parseBareItem(s, i)
+	if !ok {
+		return j, false
+	}
+	m.item = v
+	for j < len(s) && s[j] == ';' {
+		j++
+		for j < len(s) && s[j] == ' ' {
+			j++
+		}
+		k := j
+		if j >= len(s) || !(isLCAlpha(s[j]) || s[j] == '*') {
+			return j, false
+		}
+		for j < len(s) && (isLCAlpha(s[j]) || isDigit(s[j]) || s[j] == '_' || s[j] == '-' || s[j] == '.' || s[j] == '*') {
+			j++
+		}
+		key := s[k:j]
+		pv := sfValue{kind: sfBool, i: 1}
+		if j < len(s) && s[j] == '=' {
+			pv, j, ok = parseBareItem(s, j+1)
+			if !ok {
+				return j, false
+			}
+		}
+		if m.nParams < sfMaxParams {
+			m.params[m.nParams] = sfParam{key: key, val: pv}
+			m.nParams++
+		}
+	}
+	return j, true
+}
+
+func parseBareItem(s string, i int) (sfValue, int, bool) {
+	if i >= len(s) {
+		return sfValue{}, i, false
+	}
+	c := s[i]
+	switch {
+	case c == '"':
+		return parseSFString(s, i)
+	case c == '-' || isDigit(c):
+		return parseSFNumber(s, i)
+	case c == ':':
+		j := i + 1
+		for j < len(s) && s[j] != ':' {
+			b := s[j]
+			if !(isAlpha(b) || isDigit(b) || b == '+' || b == '/' || b == '=') {
+				return sfValue{}, j, false
+			}
+			j++
+		}
+		if j >= len(s) {
+			return sfValue{}, j, false
+		}
+		return sfValue{kind: sfBytes, s: s[i+1 : j]}, j + 1, true
+	case c == '?':
+		if i+1 < len(s) && (s[i+1] == '0' || s[i+1] == '1') {
+			return sfValue{kind: sfBool, i: int64(s[i+1] - '0')}, i + 2, true
+		}
+		return sfValue{}, i + 1, false
+	case isAlpha(c) || c == '*':
+		j := i + 1
+		for j < len(s) && (isTChar(s[j]) || s[j] == ':' || s[j] == '/') {
+			j++
+		}
+		return sfValue{kind: sfToken, s: s[i:j]}, j, true
+	}
+	return sfValue{}, i, false
+}
+
+func parseSFString(s string, i int) (sfValue, int, bool) {
+	j := i + 1
+	escaped := false
+	for j < len(s) {
+		c := s[j]
+		switch {
+		case c == '\\':
+			if j+1 >= len(s) || (s[j+1] != '"' && s[j+1] != '\\') {
+				return sfValue{}, j, false
+			}
+			escaped = true
+			j += 2
+			continue
+		case c == '"':
+			raw := s[i+1 : j]
+			if escaped {
+				var b strings.Builder
+				for k := 0; k < len(raw); k++ {
+					if raw[k] == '\\' {
+						k++
+					}
+					b.WriteByte(raw[k])
+				}
+				raw = b.String()
+			}
+			return sfValue{kind: sfString, s: raw}, j + 1, true
+		case c < 0x20 || c > 0x7e:
+			return sfValue{}, j, false
+		}
+		j++
+	}
+	return sfValue{}, j, false
+}
+
+func parseSFNumber(s string, i int) (sfValue, int, bool) {
+	j := i
+	if s[j] == '-' {
+		j++
+	}
+	start := j
+	for j < len(s) && isDigit(s[j]) {
+		j++
+	}
+	intDigits := j - start
+	if intDigits == 0 {
+		return sfValue{}, j, false
+	}
+	if j < len(s) && s[j] == '.' {
+		if intDigits > 12 {
+			return sfValue{}, j, false
+		}
+		j++
+		fs := j
+		for j < len(s) && isDigit(s[j]) {
+			j++
+		}
+		if n := j - fs; n < 1 || n > 3 {
+			return sfValue{}, j, false
+		}
+		return sfValue{kind: sfDecimal}, j, true
+	}
+	if intDigits > 15 {
+		return sfValue{}, j, false
+	}
+	v, err := strconv.ParseInt(s[i:j], 10, 64)
+	if err != nil {
+		return sfValue{}, j, false
+	}
+	return sfValue{kind: sfInteger, i: v}, j, true
+}
+
+func isDigit(c byte) bool   { return c >= '0' && c <= '9' }
+func isLCAlpha(c byte) bool { return c >= 'a' && c <= 'z' }
+func isAlpha(c byte) bool   { return isLCAlpha(c) || (c >= 'A' && c <= 'Z') }
+
+// isTChar reports an RFC 9110 tchar.
+func isTChar(c byte) bool {
+	if isAlpha(c) || isDigit(c) {
+		return true
+	}
+	switch c {
+	case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
+		return true
+	}
+	return false
+}

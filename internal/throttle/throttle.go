@@ -1,0 +1,684 @@
+package throttle
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Priority is the class of a call: interactive calls (a user is waiting) may
+// use the reserve; batch calls may not (seed: "Two paths, one quota").
+type Priority int
+
+const (
+	// Interactive calls may use the whole remaining quota, reserve included.
+	Interactive Priority = iota
+	// Batch calls start only while the reserve stays untouched.
+	Batch
+)
+
+// String returns "interactive" or "batch".
+func (p Priority) String() string {
+	if p == Interactive {
+		return "interactive"
+	}
+	return "batch"
+}
+
+// Window is the window of per-minute quotas: the span of the sliding window
+// log used with hints (BC-13), and the age after which a provider figure
+// without a longer reset is stale.
+const Window = 60 * time.Second
+
+const (
+	// probeTimeout: a probe call whose outcome is never reported (no
+	// Observe, OnTooManyRequests or Done) stops blocking other probes after
+	// this long (the longest upstream timeout a ProviderPool allows is 3600 s,
+	// the default 120 s).
+	probeTimeout = 2 * time.Minute
+	// probeRecheck is the base wait returned while a probe is in flight.
+	probeRecheck = 100 * time.Millisecond
+	// minWait is the smallest wait TryStart returns when it refuses.
+	minWait = time.Millisecond
+	// levelEpsilon absorbs float rounding in the replenishment estimate, in
+	// tokens or requests.
+	levelEpsilon = 1e-6
+)
+
+// Config configures a Throttle. The zero value is usable: no reserve, no
+// hints, 1 s default backoff, 1 s jitter window, no borrowing.
+type Config struct {
+	// ReservePercent is the share of each dimension's limit, in percent in
+	// [0, 100), kept for interactive calls: a batch call starts only while
+	// remaining-after-start stays >= ceil(limit*ReservePercent/100), per
+	// dimension (seed "The adaptive throttle"; BC-39). Values outside are
+	// clamped to [0, 99].
+	ReservePercent int64
+	// TokensPerMinuteHint and RequestsPerMinuteHint are the ProviderPool's
+	// quota hints (provider tokens per minute, requests per minute); 0 means
+	// unknown. A hint is the limit until headers give one, and paces calls
+	// with a sliding 60 s window log while the provider sends no figures.
+	TokensPerMinuteHint, RequestsPerMinuteHint int64
+	// DefaultBackoff is the pause after a 429 that carries no usable
+	// Retry-After and no usable reset of an exhausted dimension. <= 0 means
+	// 1 s.
+	DefaultBackoff time.Duration
+	// JitterWindow spreads callers released after a pause or a fixed-window
+	// reset over [release, release+JitterWindow] (BC-11). 0 means 1 s; < 0
+	// disables jitter.
+	JitterWindow time.Duration
+	// BorrowAfter lets batch calls use the reserve once no interactive call
+	// has arrived for this long; the reserve returns at the next interactive
+	// call. 0 (or negative): batch never borrows (BC-39).
+	BorrowAfter time.Duration
+	// Rand returns a number in [0, 1) for jitter; nil uses math/rand/v2.
+	// Called with the throttle's lock held.
+	Rand func() float64
+}
+
+func (c Config) normalized() Config {
+	c.ReservePercent = min(max(c.ReservePercent, 0), 99)
+	c.TokensPerMinuteHint = max(c.TokensPerMinuteHint, 0)
+	c.RequestsPerMinuteHint = max(c.RequestsPerMinuteHint, 0)
+	if c.DefaultBackoff <= 0 {
+		c.DefaultBackoff = time.Second
+	}
+	switch {
+	case c.JitterWindow == 0:
+		c.JitterWindow = time.Second
+	case c.JitterWindow < 0:
+		c.JitterWindow = 0
+	}
+	c.BorrowAfter = max(c.BorrowAfter, 0)
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+	return c
+}
+
+// Permit identifies one call started by TryStart: its sequence number (1, 2,
+// ... in start order) and the provider tokens charged for it. Pass it back to
+// Observe, OnTooManyRequests or Done. The zero Permit stands for a call not
+// started through the throttle.
+type Permit struct {
+	seq    uint64
+	tokens int64
+	at     time.Time
+}
+
+// Seq is the permit's start sequence number (0 for the zero Permit).
+func (p Permit) Seq() uint64 { return p.seq }
+
+// Tokens is the number of provider tokens charged at start.
+func (p Permit) Tokens() int64 { return p.tokens }
+
+// StartedAt is the time the call was started.
+func (p Permit) StartedAt() time.Time { return p.at }
+
+// Status is a snapshot of a throttle, for the ProviderPool status and metrics.
+type Status struct {
+	// Limits and estimated remaining quota now, in provider tokens and
+	// requests; -1 unknown.
+	TokensLimit, TokensRemaining, RequestsLimit, RequestsRemaining int64
+	// TokensReset and RequestsReset are when the provider's last figure said
+	// the dimension is fully replenished (zero if unknown).
+	TokensReset, RequestsReset time.Time
+	// PausedUntil is the end of the pause after the last 429 (may be past).
+	PausedUntil time.Time
+	// Dialect is the dialect of the last response that carried figures.
+	Dialect string
+	// Paused: now is before PausedUntil. AtReserve: a batch call of one
+	// token would be refused by the reserve in some dimension now.
+	Paused, AtReserve bool
+}
+
+// entry is one started call in a dimension's log. It holds no pointers, so
+// a long log costs the garbage collector nothing to scan.
+type entry struct {
+	seq     uint64
+	at      int64 // start time, Unix nanoseconds
+	charged int64 // cost at start, never changed (window log sums)
+	pending int64 // cost still unaccounted by a provider figure (refundable by Done)
+	cum     int64 // cumulative charged up to and including this entry
+}
+
+// entryLog is a growable ring buffer of entries in start order (seq and at
+// non-decreasing).
+type entryLog struct {
+	buf  []entry // len is zero or a power of two
+	head int
+	n    int
+}
+
+func (l *entryLog) len() int { return l.n }
+
+func (l *entryLog) at(i int) *entry { return &l.buf[(l.head+i)&(len(l.buf)-1)] }
+
+func (l *entryLog) push(e entry) {
+	if l.n == len(l.buf) {
+		nb := make([]entry, max(16, 2*len(l.buf)))
+		for i := 0; i < l.n; i++ {
+			nb[i] = *l.at(i)
+		}
+		l.buf, l.head = nb, 0
+	}
+	l.buf[(l.head+l.n)&(len(l.buf)-1)] = e
+	l.n++
+}
+
+func (l *entryLog) popFront() {
+	l.head = (l.head + 1) & (len(l.buf) - 1)
+	l.n--
+}
+
+// search is the smallest index i in [0, len) with f(entry i), or len.
+func (l *entryLog) search(f func(e *entry) bool) int {
+	return sort.Search(l.n, func(i int) bool { return f(l.at(i)) })
+}
+
+type mode int
+
+const (
+	modeProbe      mode = iota // nothing known: one probe call at a time
+	modeSilent                 // responses carry no figure and there is no hint: 429-only
+	modeBlocked                // a fresh figure says 0 left and the limit is unknown
+	modeContinuous             // fresh figure, token bucket replenished continuously
+	modeStep                   // fresh figure, fixed window (classic, IETF), before its reset
+	modeWindow                 // sliding 60 s window log against the limit
+)
+
+// dimension is the throttle's state for one quota dimension.
+type dimension struct {
+	hint     int64 // configured per-minute hint, 0 unknown
+	hdrLimit int64 // limit from headers, -1 unknown
+	maxSeen  int64 // largest remaining ever observed: a lower bound of the limit
+
+	hasFig   bool
+	figRem   int64
+	figAt    time.Time
+	figReset time.Duration // -1 unknown
+	figSeq   uint64        // starts with seq <= figSeq are included in the figure
+	figStep  bool          // fixed window (classic, IETF) rather than continuous
+
+	silent bool
+
+	log entryLog
+}
+
+func newDimension(hint int64) dimension {
+	return dimension{hint: hint, hdrLimit: -1, figReset: -1}
+}
+
+// limit is the limit in effect: from headers, else the hint, else the
+// largest remaining seen; -1 when none is known.
+func (d *dimension) limit() int64 {
+	switch {
+	case d.hdrLimit > 0:
+		return d.hdrLimit
+	case d.hint > 0:
+		return d.hint
+	case d.maxSeen > 0:
+		return d.maxSeen
+	}
+	return -1
+}
+
+// fresh reports whether the last figure still describes the provider: for
+// Window, or for its reset if longer.
+func (d *dimension) fresh(now time.Time) bool {
+	return d.hasFig && now.Sub(d.figAt) < max(Window, d.figReset)
+}
+
+// firstAfterSeq is the index in the log of the first entry with seq > s.
+func (d *dimension) firstAfterSeq(s uint64) int {
+	return d.log.search(func(e *entry) bool { return e.seq > s })
+}
+
+func (d *dimension) pendingSum() int64 {
+	var sum int64
+	for i := d.firstAfterSeq(d.figSeq); i < d.log.len(); i++ {
+		sum += d.log.at(i).pending
+	}
+	return sum
+}
+
+// windowStart is the index in the log of the first entry inside the sliding
+// window (now-Window, now] and not before since.
+func (d *dimension) windowStart(now, since time.Time) int {
+	from := now.Add(-Window).UnixNano()
+	lo := from + 1
+	if !since.IsZero() {
+		lo = max(lo, since.UnixNano())
+	}
+	return d.log.search(func(e *entry) bool { return e.at >= lo })
+}
+
+func (d *dimension) windowSum(now, since time.Time) int64 {
+	i := d.windowStart(now, since)
+	if i >= d.log.len() {
+		return 0
+	}
+	first := d.log.at(i)
+	return d.log.at(d.log.len()-1).cum - first.cum + first.charged
+}
+
+// rate is the continuous replenishment rate in units per nanosecond: derived
+// from the figure (the reset is the time until full), else limit per Window.
+func (d *dimension) rate(lim int64) float64 {
+	rem := min(d.figRem, lim)
+	if d.figReset > 0 && lim > rem {
+		return float64(lim-rem) / float64(d.figReset)
+	}
+	return float64(lim) / float64(Window)
+}
+
+// state evaluates the dimension at now: its mode, limit, estimated level and,
+// for modeStep and modeBlocked, the reset instant; for modeWindow the lower
+// bound of the counted starts.
+func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at time.Time) {
+	lim = d.limit()
+	if lim <= 0 {
+		if d.fresh(now) {
+			resetAt := d.figAt.Add(Window)
+			if d.figReset >= 0 {
+				resetAt = d.figAt.Add(d.figReset)
+			}
+			if now.Before(resetAt) {
+				return modeBlocked, -1, float64(d.figRem - d.pendingSum()), resetAt
+			}
+		}
+		if d.silent {
+			return modeSilent, -1, 0, time.Time{}
+		}
+		return modeProbe, -1, 0, time.Time{}
+	}
+	if d.fresh(now) {
+		if !d.figStep {
+			r := d.rate(lim)
+			level = float64(min(d.figRem, lim))
+			prev := d.figAt.UnixNano()
+			for i := d.firstAfterSeq(d.figSeq); i < d.log.len(); i++ {
+				e := d.log.at(i)
+				if e.at > prev {
+					level = math.Min(float64(lim), level+r*float64(e.at-prev))
+					prev = e.at
+				}
+				level -= float64(e.pending)
+			}
+			if n := now.UnixNano(); n > prev {
+				level = math.Min(float64(lim), level+r*float64(n-prev))
+			}
+			return modeContinuous, lim, level, time.Time{}
+		}
+		resetAt := d.figAt.Add(Window)
+		if d.figReset >= 0 {
+			resetAt = d.figAt.Add(d.figReset)
+		}
+		if now.Before(resetAt) {
+			return modeStep, lim, float64(min(d.figRem, lim) - d.pendingSum()), resetAt
+		}
+		return modeWindow, lim, float64(lim - d.windowSum(now, resetAt)), resetAt
+	}
+	return modeWindow, lim, float64(lim - d.windowSum(now, time.Time{})), time.Time{}
+}
+
+// verdict is one dimension's answer to "may a call of this cost start?".
+type verdict struct {
+	ok     bool
+	probe  bool          // allowed only as the single probe call
+	wait   time.Duration // when !ok
+	jitter bool          // wait ends at a herd instant (reset): spread it
+}
+
+func reserveOf(lim, pct int64) int64 { return (lim*pct + 99) / 100 }
+
+// check answers for a call of cost units with reservePct percent of the
+// limit kept back.
+func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
+	m, lim, level, at := d.state(now)
+	switch m {
+	case modeProbe:
+		return verdict{ok: true, probe: true}
+	case modeSilent:
+		return verdict{ok: true}
+	case modeBlocked:
+		if level+levelEpsilon >= float64(cost) {
+			return verdict{ok: true}
+		}
+		return verdict{wait: at.Sub(now), jitter: true}
+	}
+	need := cost + reserveOf(lim, reservePct)
+	if need > lim {
+		// A call that cannot fit beside the reserve (or at all) starts only
+		// when the dimension is full, so it is never refused forever.
+		need = lim
+	}
+	if level+levelEpsilon >= float64(need) {
+		return verdict{ok: true}
+	}
+	switch m {
+	case modeContinuous:
+		r := d.rate(lim)
+		ns := math.Ceil((float64(need) - level) / r)
+		if ns > float64(MaxReset) {
+			ns = float64(MaxReset)
+		}
+		return verdict{wait: time.Duration(ns)}
+	case modeStep:
+		return verdict{wait: at.Sub(now), jitter: true}
+	}
+	// modeWindow: the earliest instant when enough of the window expires.
+	freed := level
+	for i := d.windowStart(now, at); i < d.log.len(); i++ {
+		e := d.log.at(i)
+		freed += float64(e.charged)
+		if freed+levelEpsilon >= float64(need) {
+			return verdict{wait: time.Duration(e.at + int64(Window) - now.UnixNano())}
+		}
+	}
+	return verdict{wait: Window} // unreachable: an empty window holds the full limit
+}
+
+// record appends a started call (at is non-decreasing: see Throttle.lastAt).
+func (d *dimension) record(seq uint64, at time.Time, cost int64) {
+	cum := cost
+	if n := d.log.len(); n > 0 {
+		cum += d.log.at(n - 1).cum
+	}
+	d.log.push(entry{seq: seq, at: at.UnixNano(), charged: cost, pending: cost, cum: cum})
+}
+
+// prune drops entries outside the window that no figure still needs.
+func (d *dimension) prune(now time.Time) {
+	from := now.Add(-Window).UnixNano()
+	fresh := d.fresh(now)
+	for d.log.len() > 0 {
+		e := d.log.at(0)
+		if e.at > from || (fresh && e.seq > d.figSeq) {
+			break
+		}
+		d.log.popFront()
+	}
+}
+
+// apply takes a response's figure for this dimension. seq is the permit of
+// the response (0: a call not started here, which covers no local start).
+func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
+	if q.Limit > 0 {
+		d.hdrLimit = q.Limit
+	}
+	if q.Remaining < 0 {
+		return
+	}
+	d.maxSeen = max(d.maxSeen, q.Remaining)
+	d.silent = false
+	if seq != 0 && d.hasFig && seq < d.figSeq {
+		return // an older call's response arriving late: the newer figure stands
+	}
+	d.hasFig = true
+	d.figRem, d.figAt, d.figReset = q.Remaining, now, q.Reset
+	d.figStep = q.Dialect == DialectClassic || q.Dialect == DialectIETF
+	if seq != 0 {
+		d.figSeq = seq
+	}
+}
+
+// Throttle is the adaptive throttle of one (ProviderPool, model). It is safe
+// for concurrent use. See the package documentation for the model.
+type Throttle struct {
+	mu              sync.Mutex
+	cfg             Config
+	seq             uint64
+	lastAt          time.Time // latest start time recorded (keeps logs ordered)
+	dims            [2]dimension
+	pausedUntil     time.Time
+	lastInteractive time.Time
+	probing         bool
+	probeAt         time.Time
+	dialect         string
+}
+
+// New returns a throttle configured by cfg, created at now (the reference for
+// BorrowAfter until the first interactive call).
+func New(cfg Config, now time.Time) *Throttle {
+	cfg = cfg.normalized()
+	return &Throttle{
+		cfg:             cfg,
+		dims:            [2]dimension{newDimension(cfg.TokensPerMinuteHint), newDimension(cfg.RequestsPerMinuteHint)},
+		lastInteractive: now,
+	}
+}
+
+// Reconfigure applies a new configuration (live policy from the ProviderPool)
+// without losing the observed quota, the log of started calls or a pause.
+func (t *Throttle) Reconfigure(now time.Time, cfg Config) {
+	cfg = cfg.normalized()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cfg = cfg
+	t.dims[dimTokens].hint = cfg.TokensPerMinuteHint
+	t.dims[dimRequests].hint = cfg.RequestsPerMinuteHint
+	for i := range t.dims {
+		t.dims[i].prune(now)
+	}
+}
+
+func (t *Throttle) jitter() time.Duration {
+	if t.cfg.JitterWindow <= 0 {
+		return 0
+	}
+	f := t.cfg.Rand()
+	if !(f >= 0) { // NaN or negative
+		f = 0
+	}
+	f = min(f, 1)
+	return time.Duration(f * float64(t.cfg.JitterWindow))
+}
+
+// TryStart asks whether a call charged providerTokens (prompt + max output)
+// and one request may start now with priority p. On success it charges both
+// dimensions and returns a Permit. Otherwise it returns how long to wait
+// before asking again, always > 0: while paused after a 429, until
+// PausedUntil plus this caller's jitter in [0, JitterWindow] (BC-05d, BC-11);
+// before a fixed-window reset, until the reset plus jitter; else until the
+// estimate covers the cost (and, for batch, the reserve).
+//
+// The wait may be long (a provider Retry-After of days is honoured exactly,
+// BC-12): callers must compare it with their deadline and context and give
+// up rather than sleep past them; the throttle never shortens a pause.
+func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Permit, bool, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	providerTokens = max(providerTokens, 0)
+	if p == Interactive && now.After(t.lastInteractive) {
+		t.lastInteractive = now
+	}
+	if now.Before(t.pausedUntil) {
+		return Permit{}, false, t.pausedUntil.Sub(now) + t.jitter()
+	}
+	pct := t.cfg.ReservePercent
+	if p != Batch {
+		pct = 0
+	} else if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {
+		pct = 0
+	}
+	costs := [2]int64{providerTokens, 1}
+	ok, probe := true, false
+	var wait time.Duration
+	herd := false
+	for i := range t.dims {
+		t.dims[i].prune(now)
+		v := t.dims[i].check(now, costs[i], pct)
+		probe = probe || v.probe
+		if !v.ok {
+			ok = false
+			if v.wait > wait {
+				wait, herd = v.wait, v.jitter
+			}
+		}
+	}
+	if !ok {
+		if herd {
+			wait += t.jitter()
+		}
+		return Permit{}, false, max(wait, minWait)
+	}
+	if probe {
+		if t.probing && now.Sub(t.probeAt) < probeTimeout {
+			w := probeRecheck
+			if t.cfg.JitterWindow > 0 {
+				w += time.Duration(min(max(t.cfg.Rand(), 0), 1) * float64(probeRecheck))
+			}
+			return Permit{}, false, w
+		}
+		t.probing, t.probeAt = true, now
+	}
+	at := now
+	if at.Before(t.lastAt) {
+		at = t.lastAt
+	}
+	t.lastAt = at
+	t.seq++
+	for i := range t.dims {
+		t.dims[i].record(t.seq, at, costs[i])
+	}
+	return Permit{seq: t.seq, tokens: providerTokens, at: at}, true, 0
+}
+
+// Observe records the quota figures of a response to the call of p, received
+// at now (q from ParseHeaders). Per dimension it sets limit, remaining and
+// reset; calls started after p, which the provider's figure cannot include
+// yet, stay subtracted. A dimension the response says nothing about keeps its
+// state; with no limit known it becomes 429-only (no probe needed).
+func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.probing = false
+	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
+		t.dialect = q.Dialect
+	}
+	for i, qd := range [2]Dimension{q.Tokens, q.Requests} {
+		d := &t.dims[i]
+		d.apply(now, p.seq, qd)
+		if !qd.Known() && d.limit() <= 0 {
+			d.silent = true
+		}
+		d.prune(now)
+	}
+}
+
+// OnTooManyRequests records a 429 response to the call of p at now. It pauses
+// every start, interactive included, until now + q.RetryAfter when present
+// (0 included: eligible at once, BC-05b); else until the reset of the
+// exhausted dimension (remaining 0), the later one when both are (BC-07);
+// else for DefaultBackoff. A pause is never shortened: a later 429 only
+// extends it (BC-05d). Figures in q are recorded as by Observe; a dimension
+// whose limit is unknown goes back to one probe call at a time after the
+// pause.
+func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.probing = false
+	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
+		t.dialect = q.Dialect
+	}
+	for i, qd := range [2]Dimension{q.Tokens, q.Requests} {
+		d := &t.dims[i]
+		d.apply(now, p.seq, qd)
+		if d.limit() <= 0 {
+			d.silent = false
+		}
+	}
+	var pause time.Duration
+	switch {
+	case q.HasRetryAfter:
+		pause = q.RetryAfter
+	default:
+		pause = -1
+		for _, qd := range [2]Dimension{q.Tokens, q.Requests} {
+			// An elapsed (0) reset is not hard data: it cannot explain a 429.
+			if qd.Remaining == 0 && qd.Reset > 0 {
+				pause = max(pause, qd.Reset)
+			}
+		}
+		if pause < 0 {
+			pause = t.cfg.DefaultBackoff
+		}
+	}
+	if until := now.Add(pause); until.After(t.pausedUntil) {
+		t.pausedUntil = until
+	}
+}
+
+// Done records the end of the call of p at now when its response gave no
+// usable figures. With ok, actualProviderTokens is what the provider counted
+// (from usage) and replaces the charge while no provider figure includes the
+// call (a refund, or an extra debit); the sliding window log keeps the charge,
+// since providers such as OpenAI count max_tokens at arrival. Without ok the
+// charge stands. Either way the request stays counted and a probe in flight
+// ends; with ok, a dimension with no limit known becomes 429-only.
+func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.probing = false
+	if p.seq == 0 {
+		return
+	}
+	for i := range t.dims {
+		d := &t.dims[i]
+		if ok && d.limit() <= 0 && !d.fresh(now) {
+			d.silent = true
+		}
+	}
+	if !ok {
+		return
+	}
+	d := &t.dims[dimTokens]
+	if p.seq <= d.figSeq {
+		return
+	}
+	if i := d.firstAfterSeq(p.seq - 1); i < d.log.len() && d.log.at(i).seq == p.seq {
+		d.log.at(i).pending = max(actualProviderTokens, 0)
+	}
+}
+
+// PausedUntil is the end of the current (or last) pause after a 429.
+func (t *Throttle) PausedUntil() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pausedUntil
+}
+
+// Status returns a snapshot at now.
+func (t *Throttle) Status(now time.Time) Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Status{PausedUntil: t.pausedUntil, Paused: now.Before(t.pausedUntil), Dialect: t.dialect}
+	pct := t.cfg.ReservePercent
+	if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {
+		pct = 0
+	}
+	var lims, rems [2]int64
+	var resets [2]time.Time
+	for i := range t.dims {
+		d := &t.dims[i]
+		m, lim, level, _ := d.state(now)
+		lims[i], rems[i] = lim, -1
+		switch m {
+		case modeContinuous, modeStep, modeWindow, modeBlocked:
+			rems[i] = max(int64(math.Floor(level+levelEpsilon)), 0)
+		}
+		if d.hasFig && d.figReset >= 0 {
+			resets[i] = d.figAt.Add(d.figReset)
+		}
+		if lim > 0 && pct > 0 && level+levelEpsilon < float64(1+reserveOf(lim, pct)) && level+levelEpsilon >= 1 {
+			s.AtReserve = true
+		}
+	}
+	s.TokensLimit, s.RequestsLimit = lims[dimTokens], lims[dimRequests]
+	s.TokensRemaining, s.RequestsRemaining = rems[dimTokens], rems[dimRequests]
+	s.TokensReset, s.RequestsReset = resets[dimTokens], resets[dimRequests]
+	return s
+}
