@@ -254,18 +254,22 @@ type ProviderPoolSpec struct {
 
 	// reserve keeps part of the quota for interactive calls.
 	// +optional
+	// +kubebuilder:default={}
 	Reserve ReserveSpec `json:"reserve,omitempty,omitzero"`
 
 	// costModel converts provider tokens into weighted tokens.
 	// +optional
+	// +kubebuilder:default={}
 	CostModel CostModel `json:"costModel,omitempty,omitzero"`
 
 	// tenantIdentification says how requests are mapped to tenants.
 	// +optional
+	// +kubebuilder:default={}
 	TenantIdentification TenantIdentification `json:"tenantIdentification,omitempty,omitzero"`
 
 	// scheduler configures the rendered scheduler Deployment.
 	// +optional
+	// +kubebuilder:default={}
 	Scheduler SchedulerSpec `json:"scheduler,omitempty,omitzero"`
 }
 

@@ -188,6 +188,7 @@ type TenantQuotaSpec struct {
 
 	// batch configures the tenant's batch jobs.
 	// +optional
+	// +kubebuilder:default={}
 	Batch BatchSpec `json:"batch,omitempty,omitzero"`
 
 	// budget is an optional spend limit per calendar period.

@@ -369,8 +369,9 @@ func TestParseHeaders(t *testing.T) {
 				"x-ratelimit-remaining-requests: 9999999999999999",
 				"x-ratelimit-reset-requests: -1s",
 				"retry-after: soon",
+				"X-RateLimit-Remaining: ", // empty is not 0
 			),
-			want: Quota{Tokens: none, Requests: none, Malformed: 6},
+			want: Quota{Tokens: none, Requests: none, Malformed: 7},
 		},
 		{
 			name: "remaining above limit is clamped to the limit",

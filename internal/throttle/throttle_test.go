@@ -341,20 +341,33 @@ func TestBC39_ReserveVsBatch(t *testing.T) {
 		p  Priority
 	}
 	var starts []start
+	var batchBefore []int // batchBefore[i]: batch starts among starts[:i]
+	record := func(now time.Time, p Priority) {
+		b := 0
+		if n := len(starts); n > 0 {
+			b = batchBefore[n-1]
+			if starts[n-1].p == Batch {
+				b++
+			}
+		}
+		starts, batchBefore = append(starts, start{now, p}), append(batchBefore, b)
+	}
 	const tick = 100 * time.Millisecond
 	interactiveOn := func(now time.Time) bool {
 		return now.Before(at(5*time.Minute)) || !now.Before(at(7*time.Minute))
 	}
+	// windowCount counts the starts in (now-Window, now]; starts are in time order.
 	windowCount := func(now time.Time) (total, batch int) {
-		for _, s := range starts {
-			if s.at.After(now.Add(-Window)) && !s.at.After(now) {
-				total++
-				if s.p == Batch {
-					batch++
-				}
-			}
+		lo := sort.Search(len(starts), func(i int) bool { return starts[i].at.After(now.Add(-Window)) })
+		hi := sort.Search(len(starts), func(i int) bool { return starts[i].at.After(now) })
+		if lo >= hi {
+			return 0, 0
 		}
-		return
+		batch = batchBefore[hi-1] - batchBefore[lo]
+		if starts[hi-1].p == Batch {
+			batch++
+		}
+		return hi - lo, batch
 	}
 	var demand float64
 	firstReturn := time.Time{}
@@ -368,13 +381,13 @@ func TestBC39_ReserveVsBatch(t *testing.T) {
 			if interactiveOn(now) && total+1 > rpm-reserve {
 				t.Fatalf("+%v: batch started with %d in the window while interactive is active", now.Sub(NOW), total)
 			}
-			starts = append(starts, start{now, Batch})
+			record(now, Batch)
 		}
 		if interactiveOn(now) {
 			demand += 2000.0 / 60 * tick.Seconds()
 			for ; demand >= 1; demand-- {
 				if _, ok, _ := th.TryStart(now, 1, Interactive); ok {
-					starts = append(starts, start{now, Interactive})
+					record(now, Interactive)
 					if firstReturn.IsZero() && !now.Before(at(7*time.Minute)) {
 						firstReturn = now
 					}

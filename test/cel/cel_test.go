@@ -1,0 +1,235 @@
+// Package cel tests the CRDs' OpenAPI and CEL validation against a real kube-apiserver:
+// every rule refuses a bad spec with a message naming the field, and valid specs get
+// their documented defaults.
+package cel
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fairshare-dev/fairshare/test/framework"
+)
+
+var k8s client.Client
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		fmt.Println("KUBEBUILDER_ASSETS is not set: run `make test-envtest` (it builds bin/kube-apiserver and bin/etcd)")
+		os.Exit(0)
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(framework.RepoRoot(), "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting envtest:", err)
+		os.Exit(1)
+	}
+	k8s, err = client.New(cfg, client.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+var (
+	tqGVK   = schema.GroupVersionKind{Group: "quota.fairshare.dev", Version: "v1alpha1", Kind: "TenantQuota"}
+	poolGVK = schema.GroupVersionKind{Group: "quota.fairshare.dev", Version: "v1alpha1", Kind: "ProviderPool"}
+)
+
+func object(gvk schema.GroupVersionKind, name string, spec map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace("default")
+	u.SetName(name)
+	return u
+}
+
+func validPool() map[string]any {
+	return map[string]any{
+		"upstream": map[string]any{"baseURL": "https://api.example.com"},
+		"models":   []any{map[string]any{"name": "gpt-4o-mini"}},
+	}
+}
+
+func validTenant() map[string]any {
+	return map[string]any{"poolRef": map[string]any{"name": "p"}}
+}
+
+// with returns spec with the value at the dotted path set (maps created as needed).
+func with(spec map[string]any, path string, v any) map[string]any {
+	parts := strings.Split(path, ".")
+	m := spec
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := m[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[p] = next
+		}
+		m = next
+	}
+	m[parts[len(parts)-1]] = v
+	return spec
+}
+
+func without(spec map[string]any, key string) map[string]any {
+	delete(spec, key)
+	return spec
+}
+
+func TestCreateValidation(t *testing.T) {
+	cases := map[string]struct {
+		gvk     schema.GroupVersionKind
+		spec    map[string]any
+		wantErr []string // substrings of the API server's message; nil = accepted
+	}{
+		"valid tenant":           {gvk: tqGVK, spec: validTenant()},
+		"valid pool":             {gvk: poolGVK, spec: validPool()},
+		"weight 0":               {gvk: tqGVK, spec: with(validTenant(), "weight", 0), wantErr: []string{"spec.weight", "greater than or equal to 1"}},
+		"negative weighted rate": {gvk: tqGVK, spec: with(validTenant(), "tokens.weightedPerMinute", -1), wantErr: []string{"spec.tokens.weightedPerMinute", "greater than or equal to 0"}},
+		"negative input rate":    {gvk: tqGVK, spec: with(validTenant(), "tokens.inputPerMinute", -5), wantErr: []string{"spec.tokens.inputPerMinute"}},
+		"negative output rate":   {gvk: tqGVK, spec: with(validTenant(), "tokens.outputPerMinute", -5), wantErr: []string{"spec.tokens.outputPerMinute"}},
+		"negative request rate":  {gvk: tqGVK, spec: with(validTenant(), "requests.perMinute", -1), wantErr: []string{"spec.requests.perMinute"}},
+		"burst below rate": {gvk: tqGVK,
+			spec:    with(with(validTenant(), "tokens.weightedPerMinute", 60000), "tokens.burst", 999),
+			wantErr: []string{"spec.tokens.burst must be at least one second of spec.tokens.weightedPerMinute"}},
+		"burst of exactly one second": {gvk: tqGVK,
+			spec: with(with(validTenant(), "tokens.weightedPerMinute", 60000), "tokens.burst", 1000)},
+		// BC-19: a positive rate with burst 0 would never admit anything.
+		"BC-19 burst 0": {gvk: tqGVK,
+			spec:    with(with(validTenant(), "tokens.weightedPerMinute", 600), "tokens.burst", 0),
+			wantErr: []string{"spec.tokens.burst", "greater than or equal to 1"}},
+		// BC-19: rate 0 is a valid, suspended plan (the scheduler refuses its first request).
+		"BC-19 suspended tenant": {gvk: tqGVK, spec: with(validTenant(), "tokens.weightedPerMinute", 0)},
+		"burst without rate": {gvk: tqGVK, spec: with(validTenant(), "tokens.burst", 1000),
+			wantErr: []string{"spec.tokens.burst needs spec.tokens.weightedPerMinute"}},
+		"request burst below rate": {gvk: tqGVK,
+			spec:    with(with(validTenant(), "requests.perMinute", 600), "requests.burst", 9),
+			wantErr: []string{"spec.requests.burst must be at least one second of spec.requests.perMinute"}},
+		"missing poolRef":        {gvk: tqGVK, spec: without(validTenant(), "poolRef"), wantErr: []string{"spec.poolRef", "Required value"}},
+		"empty poolRef name":     {gvk: tqGVK, spec: with(validTenant(), "poolRef.name", ""), wantErr: []string{"spec.poolRef.name"}},
+		"bad tenantID":           {gvk: tqGVK, spec: with(validTenant(), "tenantID", "Not_Valid!"), wantErr: []string{"spec.tenantID"}},
+		"bad enforcement":        {gvk: tqGVK, spec: with(validTenant(), "enforcement", "Maybe"), wantErr: []string{"spec.enforcement", "Unsupported value"}},
+		"negative budget":        {gvk: tqGVK, spec: with(validTenant(), "budget.weightedTokens", -1), wantErr: []string{"spec.budget.weightedTokens"}},
+		"reserve 100 percent":    {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", 100), wantErr: []string{"spec.reserve.interactivePercent", "less than or equal to 99"}},
+		"negative reserve":       {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", -1), wantErr: []string{"spec.reserve.interactivePercent"}},
+		"reserve 0 is valid":     {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", 0)},
+		"baseURL without scheme": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "api.example.com"), wantErr: []string{"spec.upstream.baseURL must start with http:// or https://"}},
+		"no models":              {gvk: poolGVK, spec: with(validPool(), "models", []any{}), wantErr: []string{"spec.models"}},
+		"output weight 0":        {gvk: poolGVK, spec: with(validPool(), "costModel.outputTokenWeight", 0), wantErr: []string{"spec.costModel.outputTokenWeight"}},
+		"bad dialect":            {gvk: poolGVK, spec: with(validPool(), "upstream.dialect", "Klingon"), wantErr: []string{"spec.upstream.dialect", "Unsupported value"}},
+		"bad identification":     {gvk: poolGVK, spec: with(validPool(), "tenantIdentification.mode", "Cookie"), wantErr: []string{"spec.tenantIdentification.mode"}},
+		"zero replicas":          {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 0), wantErr: []string{"spec.scheduler.replicas"}},
+		"status interval 0":      {gvk: poolGVK, spec: with(validPool(), "scheduler.statusIntervalSeconds", 0), wantErr: []string{"spec.scheduler.statusIntervalSeconds"}},
+	}
+	i := 0
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			i++
+			obj := object(tc.gvk, fmt.Sprintf("case-%d", i), tc.spec)
+			err := k8s.Create(context.Background(), obj)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("want accepted, got %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("want refused with %q, got accepted", tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	ctx := context.Background()
+	tq := object(tqGVK, "defaults-tenant", validTenant())
+	if err := k8s.Create(ctx, tq); err != nil {
+		t.Fatal(err)
+	}
+	pool := object(poolGVK, "defaults-pool", validPool())
+	if err := k8s.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		obj  *unstructured.Unstructured
+		path []string
+		want any
+	}{
+		{tq, []string{"spec", "weight"}, int64(1)},
+		{tq, []string{"spec", "enforcement"}, "Hard"},
+		{tq, []string{"spec", "batch", "maxQueuedJobs"}, int64(1000)},
+		{tq, []string{"spec", "batch", "defaultDeadlineSeconds"}, int64(3600)},
+		{pool, []string{"spec", "upstream", "dialect"}, "Auto"},
+		{pool, []string{"spec", "upstream", "timeoutSeconds"}, int64(120)},
+		{pool, []string{"spec", "reserve", "interactivePercent"}, int64(20)},
+		{pool, []string{"spec", "costModel", "inputTokenWeight"}, int64(1)},
+		{pool, []string{"spec", "costModel", "outputTokenWeight"}, int64(4)},
+		{pool, []string{"spec", "costModel", "kvBlockTokens"}, int64(16)},
+		{pool, []string{"spec", "costModel", "defaultMaxOutputTokens"}, int64(4096)},
+		{pool, []string{"spec", "tenantIdentification", "mode"}, "APIKey"},
+		{pool, []string{"spec", "tenantIdentification", "header"}, "X-Fairshare-Tenant"},
+		{pool, []string{"spec", "scheduler", "replicas"}, int64(1)},
+		{pool, []string{"spec", "scheduler", "upstreamConcurrency"}, int64(64)},
+		{pool, []string{"spec", "scheduler", "quantumTokens"}, int64(4096)},
+		{pool, []string{"spec", "scheduler", "statusIntervalSeconds"}, int64(10)},
+	}
+	for _, c := range checks {
+		got, found, err := unstructured.NestedFieldNoCopy(c.obj.Object, c.path...)
+		if err != nil || !found || got != c.want {
+			t.Errorf("%s %s: got %v (found %v, err %v), want %v", c.obj.GetKind(), strings.Join(c.path, "."), got, found, err, c.want)
+		}
+	}
+}
+
+func TestImmutableFields(t *testing.T) {
+	ctx := context.Background()
+	spec := with(validTenant(), "tenantID", "acme")
+	tq := object(tqGVK, "immutable", spec)
+	if err := k8s.Create(ctx, tq); err != nil {
+		t.Fatal(err)
+	}
+	for path, v := range map[string]any{"poolRef.name": "other", "tenantID": "acme2"} {
+		t.Run(path, func(t *testing.T) {
+			cur := &unstructured.Unstructured{}
+			cur.SetGroupVersionKind(tqGVK)
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(tq), cur); err != nil {
+				t.Fatal(err)
+			}
+			spec := cur.Object["spec"].(map[string]any)
+			with(spec, path, v)
+			err := k8s.Update(ctx, cur)
+			if err == nil || !strings.Contains(err.Error(), "spec."+strings.Split(path, ".")[0]+" is immutable") {
+				t.Fatalf("update of spec.%s: got %v, want 'is immutable'", path, err)
+			}
+		})
+	}
+	// A mutable field still updates.
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(tqGVK)
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(tq), cur); err != nil {
+		t.Fatal(err)
+	}
+	with(cur.Object["spec"].(map[string]any), "weight", 5)
+	if err := k8s.Update(ctx, cur); err != nil {
+		t.Fatalf("updating weight: %v", err)
+	}
+}
