@@ -130,4 +130,3 @@ func (cp *ControlPlane) MarkDeploymentAvailable(ctx context.Context, namespace, 
 	}}
 	return cp.Client.Status().Update(ctx, &d)
 }
-

@@ -1,0 +1,53 @@
+// Command demo is `make demo`: it starts a real local control plane (kube-apiserver and
+// etcd from bin/), the operator, the provider simulator and the demo pool's scheduler,
+// runs the workload of package scenario while showing progress and
+// `kubectl get tenantquotas`, prints the outcome and stops everything it started.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/test/framework"
+	"github.com/fairshare-dev/fairshare/test/scenario"
+)
+
+func main() {
+	o := scenario.Options{
+		Simulator: framework.SimulatorOptions{Latency: 50 * time.Millisecond},
+		Out:       os.Stdout,
+	}
+	flag.IntVar(&o.BulkJobs, "bulk-jobs", 2000, "jobs in tenant bulk's import")
+	flag.IntVar(&o.SmallJobs, "small-jobs", 5, "jobs tenant small enqueues after the import")
+	flag.IntVar(&o.PremiumJobs, "premium-jobs", 300, "jobs tenant premium (weight 3) enqueues after the import")
+	flag.IntVar(&o.InteractiveCalls, "interactive-calls", 10, "interactive calls of small and of premium")
+	flag.IntVar(&o.MaxTokens, "max-tokens", 64, "max_tokens of every request")
+	flag.Int64Var(&o.Simulator.TokensPerMinute, "provider-tpm", 60000, "the simulated provider's tokens per minute")
+	flag.Int64Var(&o.Simulator.RequestsPerMinute, "provider-rpm", 1200, "the simulated provider's requests per minute")
+	flag.Int64Var(&o.Simulator.OutputTokens, "output-tokens", 32, "tokens the simulated provider generates per call")
+	flag.DurationVar(&o.ProgressEvery, "progress", 3*time.Second, "period of progress lines")
+	flag.DurationVar(&o.KubectlEvery, "kubectl", 15*time.Second, "period of `kubectl get tenantquotas`")
+	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound of the workload")
+	flag.StringVar(&o.WorkDir, "workdir", filepath.Join(framework.RepoRoot(), ".cache", "demo"), "folder for logs, kubeconfig and binaries")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_ = os.RemoveAll(o.WorkDir)
+	out, err := scenario.Run(ctx, o)
+	if out != nil {
+		out.Print(os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo failed:", err)
+		fmt.Fprintln(os.Stderr, "logs are in", o.WorkDir)
+		os.Exit(1)
+	}
+	fmt.Printf("\nlogs of every process are in %s\n", o.WorkDir)
+}
