@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"sort"
 	"time"
@@ -142,7 +143,7 @@ func (h *bucketHeap) Pop() any {
 type Queue struct {
 	cfg     Config
 	tenants map[string]*tenantQ
-	byID    map[string]*Job
+	byID    idIndex
 	total   int
 
 	cur     *tenantQ // tenant whose turn it is; nil when no tenant is active
@@ -171,7 +172,7 @@ func New(cfg Config) *Queue {
 	return &Queue{
 		cfg:     cfg,
 		tenants: make(map[string]*tenantQ),
-		byID:    make(map[string]*Job),
+		byID:    idIndex{seed: maphash.MakeSeed()},
 		buckets: make(map[int64]*dbucket),
 	}
 }
@@ -241,7 +242,7 @@ func (q *Queue) Enqueue(now time.Time, j *Job) error {
 	if j.expiredAt(now) {
 		return ErrExpired
 	}
-	if _, dup := q.byID[j.ID]; dup || j.queued() {
+	if j.queued() || q.byID.get(j.ID) != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, j.ID)
 	}
 	t := q.tenants[j.Tenant]
@@ -285,7 +286,7 @@ func (q *Queue) added(t *tenantQ, j *Job) {
 	t.n++
 	t.tokens += j.Cost
 	q.total++
-	q.byID[j.ID] = j
+	q.byID.insert(j)
 	q.indexDeadline(j)
 	if !t.active {
 		q.activate(t)
@@ -345,7 +346,7 @@ func (q *Queue) remove(t *tenantQ, j *Job) {
 	t.n--
 	t.tokens -= j.Cost
 	q.total--
-	delete(q.byID, j.ID)
+	q.byID.remove(j)
 	if t.n == 0 {
 		q.deactivate(t)
 	}
@@ -485,7 +486,7 @@ func (q *Queue) Requeue(j *Job) {
 	if j == nil || j.ID == "" || j.queued() {
 		return
 	}
-	if _, dup := q.byID[j.ID]; dup {
+	if q.byID.get(j.ID) != nil {
 		return
 	}
 	t := q.tenant(j.Tenant)
@@ -499,8 +500,8 @@ func (q *Queue) Requeue(j *Job) {
 // Cancel removes the queued job with the given ID and returns it; false when
 // no such job is queued. O(1). The tenant's deficit is untouched.
 func (q *Queue) Cancel(id string) (*Job, bool) {
-	j, ok := q.byID[id]
-	if !ok {
+	j := q.byID.get(id)
+	if j == nil {
 		return nil, false
 	}
 	q.remove(q.tenants[j.Tenant], j)
@@ -509,18 +510,20 @@ func (q *Queue) Cancel(id string) (*Job, bool) {
 
 // Get returns the queued job with the given ID.
 func (q *Queue) Get(id string) (*Job, bool) {
-	j, ok := q.byID[id]
-	return j, ok
+	j := q.byID.get(id)
+	return j, j != nil
 }
 
 // bucketKey returns the deadline bucket of d and false when d is beyond the
 // range of Unix nanoseconds (such a job is never swept, only checked at
 // dequeue).
 func bucketKey(d time.Time) (int64, bool) {
-	if d.Year() >= 2262 || d.Year() < 1678 {
+	const maxSec = math.MaxInt64/int64(time.Second) - 1
+	sec := d.Unix()
+	if sec > maxSec || sec < -maxSec {
 		return 0, false
 	}
-	ns := d.UnixNano()
+	ns := sec*int64(time.Second) + int64(d.Nanosecond())
 	k := ns / int64(Granularity)
 	if ns < 0 && ns%int64(Granularity) != 0 {
 		k--
