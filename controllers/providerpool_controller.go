@@ -39,10 +39,11 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 }
 
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools,verbs=get;list;watch
-// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status,verbs=get;patch;update
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status,verbs=get;patch
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch

@@ -52,11 +52,12 @@ func (r *ProviderPoolReconciler) reconcileStatus(ctx context.Context, pool, desi
 	if !statusChanged(pool.Status.Conditions, desired.Status.Conditions, pool.Status.ObservedGeneration, desired.Status.ObservedGeneration) {
 		return nil
 	}
-	if err := applyStatus(ctx, r.client, pool, "ProviderPool", desired.Status.ObservedGeneration, desired.Status.Conditions); err != nil {
+	if err := applyStatus(ctx, r.client, r.scheme, pool, desired.Status.ObservedGeneration, desired.Status.Conditions); err != nil {
 		return fmt.Errorf("applying status of ProviderPool %s: %w", client.ObjectKeyFromObject(pool), err)
 	}
+	ready := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionReady)
 	ctrl.LoggerFrom(ctx).V(1).Info("Updated ProviderPool status", "providerPool", klog.KObj(pool),
-		"ready", apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionReady).Status)
+		"ready", ready.Status, "reason", ready.Reason, "message", ready.Message)
 	r.recordTransitions(pool, pool.Status.Conditions, desired.Status.Conditions)
 	return nil
 }

@@ -65,9 +65,11 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 }
 
 // requiredAvailable is the number of available scheduler replicas that makes
-// a pool Ready: spec.replicas for a single replica; 1 when replicas elect a
-// leader, because only the leader passes its readiness probe and serves
-// (the followers are deliberately unready).
+// a pool Ready: one, whatever spec.replicas says. With one replica that is
+// all of them; with more, the replicas elect a leader and only the leader
+// passes its readiness probe and serves (the followers are deliberately
+// unready, brief "control flow" 4), so requiring all replicas would keep
+// the pool from ever becoming Ready.
 func requiredAvailable(d *appsv1.Deployment) int32 {
 	replicas := int32(1)
 	if d.Spec.Replicas != nil {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 )
@@ -50,7 +51,8 @@ func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGene
 	return false
 }
 
-// applyStatus writes the operator's part of obj's status with server-side
+// applyStatus writes the operator's part of obj's status (a ProviderPool or
+// TenantQuota; its kind is resolved through scheme) with server-side
 // apply on the status subresource under field manager
 // v1alpha1.FieldManagerController, with ForceOwnership. The apply carries only
 // apiVersion, kind, name, namespace, uid (a precondition: a recreated object
@@ -58,12 +60,16 @@ func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGene
 // the controllerConditionTypes entries of conds, so fields applied by the
 // scheduler (field manager v1alpha1.FieldManagerScheduler) are left alone.
 // It returns the API server's error, if any.
-func applyStatus(ctx context.Context, c client.Client, obj client.Object, kind string, observedGeneration int64, conds []metav1.Condition) error {
+func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, obj client.Object, observedGeneration int64, conds []metav1.Condition) error {
+	gvk, err := apiutil.GVKForObject(obj, scheme)
+	if err != nil {
+		return err
+	}
 	list := make([]any, 0, len(controllerConditionTypes))
 	for _, t := range controllerConditionTypes {
 		cond := apimeta.FindStatusCondition(conds, t)
 		if cond == nil {
-			return fmt.Errorf("status apply of %s %s: condition %s not set", kind, client.ObjectKeyFromObject(obj), t)
+			return fmt.Errorf("status apply of %s %s: condition %s not set", gvk.Kind, client.ObjectKeyFromObject(obj), t)
 		}
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cond)
 		if err != nil {
@@ -77,7 +83,7 @@ func applyStatus(ctx context.Context, c client.Client, obj client.Object, kind s
 			"conditions":         list,
 		},
 	}}
-	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind(kind))
+	u.SetGroupVersionKind(gvk)
 	u.SetName(obj.GetName())
 	u.SetNamespace(obj.GetNamespace())
 	u.SetUID(obj.GetUID())

@@ -318,7 +318,9 @@ func TestRenderErrors(t *testing.T) {
 	tests := map[string]struct {
 		mutate func(*v1alpha1.ProviderPool, *Options)
 	}{
-		"name too long":          {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "a23456789012345678901234567890123456789012345678901234" }},
+		"name too long": {func(p *v1alpha1.ProviderPool, _ *Options) {
+			p.Name = "a23456789012345678901234567890123456789012345678901234"
+		}},
 		"name starts with digit": {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "1pool" }},
 		"name with dot":          {func(p *v1alpha1.ProviderPool, _ *Options) { p.Name = "a.b" }},
 		"no uid":                 {func(p *v1alpha1.ProviderPool, _ *Options) { p.UID = "" }},

@@ -1,0 +1,175 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/render"
+	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+)
+
+// ownedObjects returns empty objects of the five rendered kinds.
+func ownedObjects() map[string]client.Object {
+	return map[string]client.Object{
+		"ConfigMap":      &corev1.ConfigMap{},
+		"ServiceAccount": &corev1.ServiceAccount{},
+		"RoleBinding":    &rbacv1.RoleBinding{},
+		"Service":        &corev1.Service{},
+		"Deployment":     &appsv1.Deployment{},
+	}
+}
+
+func TestProviderPoolCreatesOwnedObjects(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "demo")
+	create(t, pool)
+
+	wantOwner := []metav1.OwnerReference{{
+		APIVersion: "quota.fairshare.dev/v1alpha1", Kind: "ProviderPool", Name: "demo",
+		UID: pool.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+	}}
+	for kind, obj := range ownedObjects() {
+		t.Run(kind, func(t *testing.T) {
+			eventually(t, kind+" demo-scheduler", func() error {
+				return k8sClient.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "demo-scheduler"}, obj)
+			})
+			if diff := cmp.Diff(wantOwner, obj.GetOwnerReferences()); diff != "" {
+				t.Errorf("owner references (-want +got):\n%s", diff)
+			}
+			if got := obj.GetLabels()[v1alpha1.LabelPool]; got != "demo" {
+				t.Errorf("label %s = %q, want demo", v1alpha1.LabelPool, got)
+			}
+		})
+	}
+
+	// The API server filled in the defaults; the hash is that of the defaulted pool.
+	get(t, ns, "demo", pool)
+	d := &appsv1.Deployment{}
+	get(t, ns, "demo-scheduler", d)
+	if got, want := d.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash], render.Settings(pool).Hash(); got != want {
+		t.Errorf("settings hash = %q, want %q", got, want)
+	}
+	if got := d.Spec.Template.Spec.Containers[0].Image; got != testRenderOptions.DefaultImage {
+		t.Errorf("image = %q, want the operator default %q", got, testRenderOptions.DefaultImage)
+	}
+	rb := &rbacv1.RoleBinding{}
+	get(t, ns, "demo-scheduler", rb)
+	if rb.RoleRef.Name != "fairshare-scheduler" || rb.Subjects[0].Name != "demo-scheduler" {
+		t.Errorf("RoleBinding binds %s to %s, want demo-scheduler to fairshare-scheduler", rb.Subjects[0].Name, rb.RoleRef.Name)
+	}
+	eventually(t, "pool Accepted", wantCondition(pool, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+	eventually(t, "pool not Ready before the Deployment is available",
+		wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing))
+}
+
+func TestProviderPoolSettingsChangeRollsDeployment(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "roll")
+	create(t, pool)
+	d := &appsv1.Deployment{}
+	eventually(t, "Deployment", func() error {
+		return k8sClient.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "roll-scheduler"}, d)
+	})
+	before := d.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash]
+
+	get(t, ns, "roll", pool)
+	pool.Spec.Scheduler.StatusIntervalSeconds = 20
+	if err := k8sClient.Update(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	want := render.Settings(pool).Hash()
+	if want == before {
+		t.Fatal("fixture: the new settings hash equals the old one")
+	}
+	eventually(t, "settings hash annotation to change", func() error {
+		get(t, ns, "roll-scheduler", d)
+		if got := d.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash]; got != want {
+			return fmt.Errorf("hash = %s, want %s (before %s)", got, want, before)
+		}
+		return nil
+	})
+	cm := &corev1.ConfigMap{}
+	get(t, ns, "roll-scheduler", cm)
+	s, err := schedconfig.Parse([]byte(cm.Data[schedconfig.SettingsKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.StatusIntervalSeconds != 20 {
+		t.Errorf("ConfigMap statusIntervalSeconds = %d, want 20", s.StatusIntervalSeconds)
+	}
+}
+
+func TestProviderPoolReadyFollowsDeployment(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := readyPool(t, ns, "ready")
+
+	setDeploymentAvailable(t, ns, "ready-scheduler", 0)
+	eventually(t, "pool not Ready", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing))
+
+	setDeploymentAvailable(t, ns, "ready-scheduler", 1)
+	eventually(t, "pool Ready again", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable))
+	if pool.Status.ObservedGeneration != pool.Generation {
+		t.Errorf("observedGeneration = %d, want %d", pool.Status.ObservedGeneration, pool.Generation)
+	}
+}
+
+func TestProviderPoolInvalidSpecIsNotAccepted(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	// A valid object name that is not a DNS-1035 label: the Service name cannot be rendered.
+	pool := makePool(ns, "1st-pool")
+	create(t, pool)
+	eventually(t, "Accepted=False InvalidSpec", wantCondition(pool, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec))
+	eventually(t, "Ready=False RenderFailed", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonRenderFailed))
+	err := k8sClient.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "1st-pool-scheduler"}, &appsv1.Deployment{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("Deployment of an invalid pool: got err %v, want NotFound", err)
+	}
+}
+
+// TestProviderPoolDeletion: envtest has no garbage collector, so the test
+// asserts what the collector acts on (controller owner references to the
+// pool's UID) and that the pool itself is deleted without a finalizer.
+func TestProviderPoolDeletion(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "gone")
+	create(t, pool)
+	for kind, obj := range ownedObjects() {
+		eventually(t, kind, func() error {
+			return k8sClient.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "gone-scheduler"}, obj)
+		})
+		ref := metav1.GetControllerOf(obj)
+		if ref == nil || ref.UID != pool.UID || !ptr.Deref(ref.BlockOwnerDeletion, false) {
+			t.Errorf("%s controller reference = %+v, want pool UID %s with blockOwnerDeletion", kind, ref, pool.UID)
+		}
+	}
+	if len(pool.Finalizers) != 0 {
+		t.Errorf("pool has finalizers %v; deletion must rely on owner references only", pool.Finalizers)
+	}
+	if err := k8sClient.Delete(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pool deleted", func() error {
+		err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(pool), &v1alpha1.ProviderPool{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("pool still present (err %v)", err)
+	})
+}

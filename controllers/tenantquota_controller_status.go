@@ -1,0 +1,92 @@
+package controllers
+
+import (
+	"fmt"
+
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+)
+
+// tenantKey is the TenantKeyField value of tq: "<pool>/<effective tenant id>".
+func tenantKey(tq *v1alpha1.TenantQuota) string {
+	return tq.Spec.PoolRef.Name + "/" + tq.TenantIDOrName()
+}
+
+// tenantIDHolder returns which of candidates (TenantQuotas of one pool with
+// the same effective tenant id) holds the id: the oldest by
+// creationTimestamp, ties broken by name, ignoring objects being deleted. A
+// newcomer therefore never takes the id away from a tenant already serving.
+// It returns nil when no candidate qualifies.
+func tenantIDHolder(candidates []v1alpha1.TenantQuota) *v1alpha1.TenantQuota {
+	var holder *v1alpha1.TenantQuota
+	for i := range candidates {
+		c := &candidates[i]
+		if !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if holder == nil || c.CreationTimestamp.Before(&holder.CreationTimestamp) ||
+			(c.CreationTimestamp.Equal(&holder.CreationTimestamp) && c.Name < holder.Name) {
+			holder = c
+		}
+	}
+	return holder
+}
+
+// poolReady reports whether pool is non-nil and its Ready condition is True.
+func poolReady(pool *v1alpha1.ProviderPool) bool {
+	return pool != nil && apimeta.IsStatusConditionTrue(pool.Status.Conditions, v1alpha1.ConditionReady)
+}
+
+// setTenantAcceptedCondition sets the tenant's Accepted condition:
+//   - False PoolNotFound when pool is nil (spec.poolRef names no pool in the namespace);
+//   - False DuplicateTenantID when holder (another TenantQuota of the pool
+//     holding the same effective tenant id) is non-nil;
+//   - True Accepted otherwise.
+func setTenantAcceptedCondition(tq *v1alpha1.TenantQuota, pool *v1alpha1.ProviderPool, holder *v1alpha1.TenantQuota, now metav1.Time) {
+	cond := metav1.Condition{
+		Type:               v1alpha1.ConditionAccepted,
+		Status:             metav1.ConditionFalse,
+		ObservedGeneration: tq.Generation,
+	}
+	switch {
+	case pool == nil:
+		cond.Reason = v1alpha1.ReasonPoolNotFound
+		cond.Message = fmt.Sprintf("ProviderPool %q not found in namespace %q; create it or fix spec.poolRef.name (poolRef is immutable)",
+			tq.Spec.PoolRef.Name, tq.Namespace)
+	case holder != nil:
+		cond.Reason = v1alpha1.ReasonDuplicateTenantID
+		cond.Message = fmt.Sprintf("Tenant id %q is already used by TenantQuota %q of ProviderPool %q",
+			tq.TenantIDOrName(), holder.Name, tq.Spec.PoolRef.Name)
+	default:
+		cond.Status = metav1.ConditionTrue
+		cond.Reason = v1alpha1.ReasonAccepted
+		cond.Message = fmt.Sprintf("Tenant %q accepted on ProviderPool %q", tq.TenantIDOrName(), tq.Spec.PoolRef.Name)
+	}
+	setCondition(&tq.Status.Conditions, cond, now)
+}
+
+// setTenantReadyCondition sets the tenant's Ready condition from its Accepted
+// condition (set first by setTenantAcceptedCondition) and the pool's Ready
+// condition: False NotAccepted, False PoolNotReady, or True PoolReady.
+func setTenantReadyCondition(tq *v1alpha1.TenantQuota, pool *v1alpha1.ProviderPool, now metav1.Time) {
+	cond := metav1.Condition{
+		Type:               v1alpha1.ConditionReady,
+		Status:             metav1.ConditionFalse,
+		ObservedGeneration: tq.Generation,
+	}
+	switch {
+	case !apimeta.IsStatusConditionTrue(tq.Status.Conditions, v1alpha1.ConditionAccepted):
+		cond.Reason = v1alpha1.ReasonNotAccepted
+		cond.Message = "TenantQuota is not Accepted"
+	case !poolReady(pool):
+		cond.Reason = v1alpha1.ReasonPoolNotReady
+		cond.Message = fmt.Sprintf("ProviderPool %q is not Ready", tq.Spec.PoolRef.Name)
+	default:
+		cond.Status = metav1.ConditionTrue
+		cond.Reason = v1alpha1.ReasonPoolReady
+		cond.Message = fmt.Sprintf("ProviderPool %q is Ready", tq.Spec.PoolRef.Name)
+	}
+	setCondition(&tq.Status.Conditions, cond, now)
+}
