@@ -43,7 +43,8 @@ const (
 
 // admit runs admission for a call of prompt + maxOut tokens: the tenant's
 // budget, its limiter (charge prompt + max output, seed 002 section 3), an
-// upstream concurrency slot, the model's throttle with priority p. A refusal
+// upstream concurrency slot, the model's throttle with priority p (batch
+// priority for a call admitted over a soft limit). A refusal
 // after the limiter charged cancels the reservation (full refund, BC-22).
 func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority) (*call, *apiError) {
 	cost := pool.CostModel.Cost(prompt, maxOut)
@@ -60,10 +61,15 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolConcurrency,
 			retryAfter: time.Second, retryable: true, message: "The pool has too many calls in flight to the provider. Retry in 1s."}
 	}
+	if res.OverLimit() {
+		// Admitted over a soft limit: no access to the interactive reserve
+		// (TenantQuota enforcement Soft; seed 002 section 5).
+		p = throttle.Batch
+	}
 	permit, ok, wait := m.Throttle.TryStart(now, cost.ProviderTokens, p)
 	if !ok {
 		g.refunded(t, res.Cancel(now))
-		g.release()
+		g.releaseQuiet()
 		return nil, upstreamQuotaError(wait)
 	}
 	return &call{g: g, tenant: t, model: m, res: res, permit: permit}, nil

@@ -171,13 +171,12 @@ func (g *Gateway) Handler() http.Handler { return g }
 // ServeHTTP implements http.Handler: the routes of the package doc; other
 // paths get an OpenAI-style 404.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h, pattern := g.mux.Handler(r)
-	if pattern == "" {
+	if _, pattern := g.mux.Handler(r); pattern == "" {
 		writeError(w, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: "not_found",
 			message: "Unknown path " + r.URL.Path + "."})
 		return
 	}
-	h.ServeHTTP(w, r)
+	g.mux.ServeHTTP(w, r)
 }
 
 // Run runs the dispatcher until ctx is cancelled; it waits for the upstream
@@ -202,9 +201,16 @@ func (g *Gateway) tryAcquire() bool {
 
 // release returns an upstream concurrency slot and wakes the dispatcher.
 func (g *Gateway) release() {
+	g.releaseQuiet()
+	g.dispatch.wake()
+}
+
+// releaseQuiet returns a slot taken by an admission that was refused right
+// after (nothing changed for the dispatcher, so it is not woken: waking it
+// would make a refused batch start retry in a busy loop).
+func (g *Gateway) releaseQuiet() {
 	<-g.sem
 	g.reg.AddInFlight(-1)
-	g.dispatch.wake()
 }
 
 // hopHeaders are not forwarded in either direction (RFC 9110 section 7.6.1).

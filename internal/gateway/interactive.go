@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
@@ -144,7 +145,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 
 // upstreamThrottled records an upstream 429: the model's throttle pauses
 // every start until the provider's Retry-After or reset.
-func (g *Gateway) upstreamThrottled(now timeT, c *call, q throttle.Quota) {
+func (g *Gateway) upstreamThrottled(now time.Time, c *call, q throttle.Quota) {
 	c.model.Throttle.OnTooManyRequests(now, c.permit, q)
 	c.model.AddThrottled()
 	g.reg.AddUpstreamThrottled()

@@ -68,10 +68,10 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 	}
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(opts("requests_total",
-			"Interactive requests and job submissions, by tenant and outcome.\n"+
-				"outcome is ok, queued, upstream_error, client_gone, or the error code of a refusal\n"+
-				"(token_rate_limit, request_rate_limit, concurrency_limit, memory_limit, queue_full,\n"+
-				"budget_exhausted, upstream_quota_exhausted, request_too_large, tenant_suspended, ...)."),
+			"Interactive requests and job submissions, by tenant and outcome "+
+				"(ok, queued, upstream_error, client_gone, or the error code of a refusal such as token_rate_limit, "+
+				"request_rate_limit, concurrency_limit, memory_limit, queue_full, budget_exhausted, "+
+				"upstream_quota_exhausted, request_too_large, tenant_suspended)."),
 			[]string{"tenant", "outcome"}),
 		UpstreamResponses: prometheus.NewCounterVec(opts("upstream_responses_total",
 			"Provider responses by model and HTTP status code (\"error\" when no response arrived)."),
@@ -83,7 +83,7 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			"Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant."),
 			[]string{"tenant"}),
 		RefundedTokens: prometheus.NewCounterVec(opts("refunded_weighted_tokens_total",
-			"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call\n"+
+			"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call "+
 				"that failed before the provider counted it), by tenant."),
 			[]string{"tenant"}),
 		JobsExpired: prometheus.NewCounterVec(opts("jobs_expired_total",
@@ -142,6 +142,7 @@ type collector struct {
 	snapshot func() registry.Snapshot
 }
 
+// Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTenantQueued, descTenantInFlight, descTenantKV, descTenantRemaining,
 		descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit, descModelPaused} {
@@ -156,6 +157,7 @@ func b2f(b bool) float64 {
 	return 0
 }
 
+// Collect implements prometheus.Collector: one snapshot per scrape.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.snapshot()
 	g := func(d *prometheus.Desc, v float64, labels ...string) {

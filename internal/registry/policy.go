@@ -48,7 +48,7 @@ func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
 // ModelPolicy is one model of the pool with its provider quota hints
 // (provider tokens and requests per minute; 0 unknown).
 type ModelPolicy struct {
-	Name                                 string
+	Name                               string
 	TokensPerMinute, RequestsPerMinute int64
 }
 

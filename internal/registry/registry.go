@@ -18,7 +18,9 @@
 //
 // Locking: one RWMutex guards the policy maps (read on every request,
 // written on reconcile); one Mutex guards the fair queue, which is not
-// goroutine-safe (WithQueue). The two are never held together.
+// goroutine-safe (WithQueue). The queue lock may be held while reading the
+// maps (the dispatcher's eligibility test looks tenants up), never the
+// other way round.
 package registry
 
 import (
@@ -400,6 +402,9 @@ func (r *Registry) RemoveTenant(name string) *Tenant {
 	if t == nil {
 		return nil
 	}
+	r.qmu.Lock()
+	r.queue.RemoveTenant(t.ID)
+	r.qmu.Unlock()
 	for _, fn := range hooks {
 		fn(t)
 	}

@@ -1,0 +1,548 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+// Dispatcher timing.
+const (
+	// sweepInterval is how often, while jobs are queued, the dispatcher
+	// wakes to expire jobs past their deadline (BC-35, BC-37: expiry is
+	// noticed within one interval).
+	sweepInterval = time.Second
+	// retryBase and retryCap bound the exponential backoff of a job after an
+	// upstream 5xx or timeout: base * 2^(attempts-1), capped, then jittered
+	// into [d/2, d].
+	retryBase = time.Second
+	retryCap  = time.Minute
+)
+
+// Job error codes.
+const (
+	jobCodeDeadline      = "deadline_exceeded"
+	jobCodeTenantRemoved = "tenant_removed"
+	jobCodeModelRemoved  = "model_not_found"
+	jobCodeUpstream      = "upstream_error"
+	jobCodeCancelled     = "cancelled"
+)
+
+// retry is a job waiting for its backoff to pass before it is put back at
+// its tenant's head.
+type retry struct {
+	job *fairqueue.Job
+	at  time.Time
+}
+
+// dispatcher drains the fair queue to the provider (seed 000 "Two paths,
+// one quota", batch half). One goroutine runs passes; each upstream call
+// runs in its own goroutine and wakes the loop when it ends.
+type dispatcher struct {
+	g      *Gateway
+	wakeCh chan struct{}
+	seq    atomic.Int64
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	retries map[string]retry
+
+	// blocked: model -> time until which its throttle refuses batch starts
+	// (paused after a 429, or at the reserve). Only the loop goroutine uses
+	// it; it spares a Dequeue/Requeue per pass while a model is paused.
+	blocked map[string]time.Time
+}
+
+func newDispatcher(g *Gateway) *dispatcher {
+	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, blocked: map[string]time.Time{}}
+}
+
+// wake asks the loop for a pass (non-blocking, coalesced).
+func (d *dispatcher) wake() {
+	select {
+	case d.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// run loops until ctx is cancelled: a pass, then sleep until woken or until
+// the earliest time something can change (a tenant's refill, a model's
+// pause end, a retry backoff, the next sweep).
+func (d *dispatcher) run(ctx context.Context) error {
+	defer d.wg.Wait()
+	for {
+		next := d.pass(ctx)
+		var timer <-chan time.Time
+		var stop func() bool
+		if !next.IsZero() {
+			t := d.g.clock.NewTimer(max(next.Sub(d.g.clock.Now()), time.Millisecond))
+			timer, stop = t.C(), t.Stop
+		}
+		select {
+		case <-ctx.Done():
+			if stop != nil {
+				stop()
+			}
+			return nil
+		case <-d.wakeCh:
+		case <-timer:
+		}
+		if stop != nil {
+			stop()
+		}
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+// doomed is a job taken out of the queue during a pass without being sent.
+type doomed struct {
+	job    *fairqueue.Job
+	status jobs.Status
+	err    jobs.Error
+}
+
+// pass runs one dispatch pass at the clock's now and returns when the loop
+// should wake up by itself (zero: only when woken).
+func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
+	g := d.g
+	now := g.clock.Now()
+
+	// Backoffs that have passed: back at the tenant's head.
+	d.mu.Lock()
+	var due []*fairqueue.Job
+	for id, rt := range d.retries {
+		if !rt.at.After(now) {
+			due = append(due, rt.job)
+			delete(d.retries, id)
+		} else {
+			wakeAt = earliest(wakeAt, rt.at)
+		}
+	}
+	d.mu.Unlock()
+	if len(due) > 0 {
+		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			for _, j := range due {
+				q.Requeue(j)
+			}
+		})
+	}
+
+	var expired []*fairqueue.Job
+	g.reg.WithQueue(func(q *fairqueue.Queue) { expired = q.Sweep(now) })
+	d.expire(now, expired)
+	if g.reg.Pool() == nil {
+		// No pool policy (not loaded yet, or the ProviderPool was deleted):
+		// jobs wait, and still expire at their deadline.
+		return earliest(wakeAt, now.Add(sweepInterval))
+	}
+
+	blocked := d.blocked
+	for m, until := range blocked {
+		if !until.After(now) {
+			delete(blocked, m)
+		} else {
+			wakeAt = earliest(wakeAt, until)
+		}
+	}
+	skip := map[string]bool{} // tenants whose admission raced this pass
+	for ctx.Err() == nil {
+		if len(g.sem) == cap(g.sem) {
+			break // woken when a slot is released
+		}
+		var out []doomed
+		eligible := func(tenant string, head *fairqueue.Job) bool {
+			qd := head.Value.(*queued)
+			if until, ok := blocked[qd.model]; ok {
+				if !head.Deadline.After(until) {
+					// The model resumes after this job's deadline: it can
+					// never be sent in time (BC-37).
+					out = append(out, doomed{head, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
+						Message: "The provider's quota is paused past the job's deadline; the job was not sent."}})
+				}
+				return false
+			}
+			if skip[tenant] {
+				return false
+			}
+			t := g.reg.Tenant(tenant)
+			if t == nil {
+				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."}})
+				return false
+			}
+			if ok, resetIn, _ := t.CheckBudget(now, qd.cost.Weighted); !ok {
+				wakeAt = earliest(wakeAt, now.Add(resetIn))
+				return false
+			}
+			rej := t.Limiter.Check(now, qd.cost)
+			if rej == nil {
+				return true
+			}
+			if !rej.Retryable {
+				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: string(rej.Reason),
+					Message: "The job can no longer be admitted under the tenant's limits."}})
+				return false
+			}
+			if rej.RetryAfter > 0 {
+				wakeAt = earliest(wakeAt, now.Add(rej.RetryAfter))
+			}
+			return false
+		}
+		var next *fairqueue.Job
+		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			next, expired = q.Dequeue(now, eligible)
+			for _, o := range out {
+				q.Cancel(o.job.ID)
+			}
+		})
+		d.expire(now, expired)
+		for _, o := range out {
+			d.finish(now, o.job.ID, o.job.Tenant, o.status, o.err)
+		}
+		if next == nil {
+			if len(out) > 0 || len(expired) > 0 {
+				continue
+			}
+			break
+		}
+		if wait, ok := d.start(ctx, now, next); !ok {
+			qd := next.Value.(*queued)
+			switch {
+			case wait > 0:
+				blocked[qd.model] = now.Add(wait)
+				wakeAt = earliest(wakeAt, now.Add(wait))
+			case wait == 0:
+				skip[next.Tenant] = true
+			default: // the job left the queue (failed or expired)
+			}
+		}
+	}
+	var total int
+	g.reg.WithQueue(func(q *fairqueue.Queue) { total = q.Total() })
+	if total > 0 {
+		wakeAt = earliest(wakeAt, now.Add(sweepInterval))
+	}
+	return wakeAt
+}
+
+// start admits and sends one dequeued job. When it cannot start now it
+// either puts the job back at its tenant's head and returns ok false with
+// wait > 0 (the model's throttle refused for wait) or wait == 0 (the tenant
+// or the pool is at a limit), or finishes the job and returns wait < 0.
+func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job) (time.Duration, bool) {
+	g := d.g
+	qd := fj.Value.(*queued)
+	requeue := func() { g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) }) }
+	// BC-37: the deadline is re-checked at dispatch; a late job is not sent.
+	if !now.Before(fj.Deadline) {
+		d.expire(now, []*fairqueue.Job{fj})
+		return -1, false
+	}
+	t, m, pool := g.reg.Tenant(fj.Tenant), g.reg.Model(qd.model), g.reg.Pool()
+	switch {
+	case t == nil:
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."})
+		return -1, false
+	case m == nil || pool == nil:
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeModelRemoved, Message: fmt.Sprintf("The model %q is no longer served by the pool.", qd.model)})
+		return -1, false
+	}
+	c, aerr := g.admit(now, t, pool, m, qd.cost.PromptTokens, qd.cost.MaxOutputTokens, throttle.Batch)
+	if aerr != nil {
+		switch aerr.code {
+		case codeUpstreamQuotaExhausted:
+			if !now.Add(aerr.retryAfter).Before(fj.Deadline) {
+				// A pause longer than the job's remaining deadline: expire
+				// it now rather than send it late (BC-37).
+				d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
+					Message: "The provider's quota is paused past the job's deadline; the job was not sent."})
+				return -1, false
+			}
+			requeue()
+			return aerr.retryAfter, false
+		case string(limiter.ReasonTooLarge), string(limiter.ReasonSuspended):
+			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: aerr.code, Message: aerr.message})
+			return -1, false
+		}
+		requeue()
+		return 0, false
+	}
+	seq := d.seq.Add(1)
+	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
+		if j.Status != jobs.StatusQueued {
+			return errors.New("job is no longer queued")
+		}
+		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
+		if j.StartedAt.IsZero() {
+			j.StartedAt, j.QueueWait = now, now.Sub(j.CreatedAt)
+			g.metrics.ObserveQueueWait(j.QueueWait)
+		}
+		return nil
+	})
+	if err != nil { // cancelled or removed meanwhile
+		c.settle(settleRefund, limiter.Usage{})
+		return -1, false
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.execute(ctx, fj, c, job, pool)
+	}()
+	return 0, true
+}
+
+// execute makes the upstream call of a running job and records its outcome.
+func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, job jobs.Job, pool *registry.PoolPolicy) {
+	g := d.g
+	defer c.settle(settleRefund, limiter.Usage{}) // safety net; no-op once settled
+	cctx, cancel := context.WithTimeout(ctx, pool.UpstreamTimeout)
+	defer cancel()
+	req, err := g.newUpstreamRequest(cctx, pool, job.Endpoint, job.Body, http.Header{})
+	if err != nil {
+		c.settle(settleRefund, limiter.Usage{})
+		d.finish(g.clock.Now(), job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream, Message: "The provider URL is invalid."})
+		return
+	}
+	g.upstreamCalls.Add(1)
+	resp, err := g.client.Do(req)
+	now := g.clock.Now()
+	if err != nil {
+		c.settle(settleRefund, limiter.Usage{})
+		g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, "error").Inc()
+		if ctx.Err() != nil { // shutting down: back in the queue, not an attempt
+			d.requeueNow(fj, job.Attempts-1)
+			return
+		}
+		msg := "The provider could not be reached."
+		if isTimeout(err) {
+			msg = "The provider did not answer in time."
+		}
+		d.retryLater(now, fj, job, msg)
+		return
+	}
+	defer resp.Body.Close()
+	g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, strconv.Itoa(resp.StatusCode)).Inc()
+	q := throttle.ParseHeaders(resp.Header, now)
+	if resp.StatusCode == http.StatusTooManyRequests {
+		// Pause the model, put the job back at its tenant's head without
+		// charging it (the reservation is cancelled).
+		g.upstreamThrottled(now, c, q)
+		c.settle(settleThrottled, limiter.Usage{})
+		d.requeueNow(fj, job.Attempts)
+		return
+	}
+	if q.Tokens.Known() || q.Requests.Known() {
+		c.model.Throttle.Observe(now, c.permit, q)
+	}
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, g.maxResp+1))
+	switch {
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout:
+		c.settle(settleRefund, limiter.Usage{})
+		d.retryLater(now, fj, job, fmt.Sprintf("The provider answered %d.", resp.StatusCode))
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		// The provider refused the request itself (400, 413, ...): retrying
+		// it unchanged can never succeed (BC-10).
+		c.settle(settleRefund, limiter.Usage{})
+		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
+			Message: fmt.Sprintf("The provider refused the request with %d.", resp.StatusCode)}, jsonOrNil(body), nil)
+	case readErr != nil || int64(len(body)) > g.maxResp:
+		c.settle(settleUsage, limiter.Usage{})
+		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
+			Message: "The provider's response broke off or was too large."}, nil, nil)
+	default:
+		u := parseBodyUsage(body)
+		c.settle(settleUsage, u)
+		var usage *jobs.Usage
+		if u.Known {
+			usage = &jobs.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.OutputTokens}
+		}
+		d.finishWith(now, job.ID, job.Tenant, jobs.StatusSucceeded, jobs.Error{}, jsonOrNil(body), usage)
+	}
+}
+
+func jsonOrNil(b []byte) json.RawMessage {
+	if len(b) == 0 || !json.Valid(b) {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+// requeueNow puts a job back at its tenant's head at once (after an
+// upstream 429; the throttle's pause keeps it from being sent early).
+func (d *dispatcher) requeueNow(fj *fairqueue.Job, attempts int) {
+	g := d.g
+	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
+		j.Status, j.Attempts = jobs.StatusQueued, max(attempts, 0)
+		return nil
+	}); err != nil {
+		return
+	}
+	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
+	d.wake()
+}
+
+// retryLater schedules a retry after exponential backoff with jitter, or
+// fails the job when the retry would fall after its deadline.
+func (d *dispatcher) retryLater(now time.Time, fj *fairqueue.Job, job jobs.Job, msg string) {
+	g := d.g
+	backoff := retryBase << min(max(job.Attempts-1, 0), 10)
+	backoff = min(backoff, retryCap)
+	r := rand.Float64
+	if g.rand != nil {
+		r = g.rand
+	}
+	backoff = backoff/2 + time.Duration(r()*float64(backoff/2))
+	at := now.Add(backoff)
+	if !at.Before(fj.Deadline) {
+		d.finish(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
+			Message: msg + " The deadline passed before another attempt."})
+		return
+	}
+	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
+		j.Status = jobs.StatusQueued
+		j.Error = &jobs.Error{Code: jobCodeUpstream, Message: msg + " Retrying."}
+		return nil
+	}); err != nil {
+		return
+	}
+	d.mu.Lock()
+	d.retries[fj.ID] = retry{job: fj, at: at}
+	d.mu.Unlock()
+	d.wake()
+}
+
+// expire marks jobs that reached their deadline unsent: status expired,
+// never charged, counted (BC-35).
+func (d *dispatcher) expire(now time.Time, list []*fairqueue.Job) {
+	for _, fj := range list {
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
+			Message: "The job reached its deadline before it could be sent."})
+	}
+}
+
+// finish records a terminal status without a response.
+func (d *dispatcher) finish(now time.Time, id, tenant string, st jobs.Status, e jobs.Error) {
+	d.finishWith(now, id, tenant, st, e, nil, nil)
+}
+
+// finishWith records a terminal status, the response and usage, and counts
+// it for the tenant and the metrics.
+func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status, e jobs.Error, resp json.RawMessage, u *jobs.Usage) {
+	g := d.g
+	_, err := g.store.Update(id, func(j *jobs.Job) error {
+		if j.Status.Finished() {
+			return errors.New("already finished")
+		}
+		j.Status, j.FinishedAt, j.Response, j.Usage = st, now, resp, u
+		j.Error = nil
+		if e.Code != "" {
+			ee := e
+			j.Error = &ee
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	g.metrics.JobsFinished.WithLabelValues(string(st)).Inc()
+	t := g.reg.Tenant(tenant)
+	switch st {
+	case jobs.StatusExpired:
+		g.metrics.JobsExpired.WithLabelValues(tenant).Inc()
+		if t != nil {
+			t.AddExpired()
+		}
+	case jobs.StatusSucceeded, jobs.StatusFailed:
+		if t != nil {
+			t.AddCompleted()
+		}
+	}
+}
+
+// cancel cancels a queued job (in the fair queue or waiting for a retry
+// backoff). It returns the job and false when the job is not queued.
+func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
+	g := d.g
+	var removed bool
+	g.reg.WithQueue(func(q *fairqueue.Queue) { _, removed = q.Cancel(id) })
+	if !removed {
+		d.mu.Lock()
+		if _, ok := d.retries[id]; ok {
+			delete(d.retries, id)
+			removed = true
+		}
+		d.mu.Unlock()
+	}
+	if !removed {
+		j, _ := g.store.Get(id)
+		return j, false
+	}
+	now := g.clock.Now()
+	j, err := g.store.Update(id, func(j *jobs.Job) error {
+		j.Status, j.FinishedAt = jobs.StatusCancelled, now
+		j.Error = &jobs.Error{Code: jobCodeCancelled, Message: "The job was cancelled by the tenant."}
+		return nil
+	})
+	if err != nil {
+		return j, false
+	}
+	g.metrics.JobsFinished.WithLabelValues(string(jobs.StatusCancelled)).Inc()
+	d.wake()
+	return j, true
+}
+
+// tenantRemoved fails the queued jobs of a tenant whose TenantQuota was
+// deleted (the tenant stops being admitted; its jobs are not left to
+// expire silently) and forgets its metric series.
+func (g *Gateway) tenantRemoved(t *registry.Tenant) {
+	d := g.dispatch
+	now := g.clock.Now()
+	after, failed := "", 0
+	for {
+		list, more, err := g.store.List(t.ID, jobs.Filter{Status: jobs.StatusQueued, After: after, Limit: 1000})
+		if err != nil {
+			break
+		}
+		for _, j := range list {
+			var removed bool
+			g.reg.WithQueue(func(q *fairqueue.Queue) { _, removed = q.Cancel(j.ID) })
+			d.mu.Lock()
+			if _, ok := d.retries[j.ID]; ok {
+				delete(d.retries, j.ID)
+				removed = true
+			}
+			d.mu.Unlock()
+			if removed {
+				failed++
+				d.finish(now, j.ID, t.ID, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
+					Message: "The tenant's TenantQuota was removed; the job was not sent."})
+			}
+		}
+		if !more || len(list) == 0 {
+			break
+		}
+		after = list[len(list)-1].ID
+	}
+	g.metrics.ForgetTenant(t.ID)
+	g.log.Info("TenantQuota removed: the tenant is no longer admitted and its queued jobs failed", "tenant", t.ID, "failedJobs", failed)
+	d.wake()
+}

@@ -1,0 +1,287 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
+)
+
+// Paging bounds of GET /v1/jobs.
+const (
+	defaultListLimit = 20
+	maxListLimit     = 1000
+)
+
+// jobView is the JSON shape of a job in the job API. Times are RFC 3339
+// (UTC, nanoseconds), null while unset.
+type jobView struct {
+	ID          string          `json:"id"`
+	Object      string          `json:"object"`
+	Tenant      string          `json:"tenant"`
+	Status      jobs.Status     `json:"status"`
+	Endpoint    string          `json:"endpoint"`
+	Model       string          `json:"model"`
+	CreatedAt   *time.Time      `json:"created_at"`
+	StartedAt   *time.Time      `json:"started_at"`
+	FinishedAt  *time.Time      `json:"finished_at"`
+	Deadline    *time.Time      `json:"deadline"`
+	Attempts    int             `json:"attempts"`
+	DispatchSeq int64           `json:"dispatch_seq"`
+	QueueWaitMS *int64          `json:"queue_wait_ms"`
+	Usage       *jobs.Usage     `json:"usage"`
+	Response    json.RawMessage `json:"response"`
+	Error       *jobs.Error     `json:"error"`
+	Metadata    json.RawMessage `json:"metadata"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func viewOf(j jobs.Job) jobView {
+	v := jobView{
+		ID: j.ID, Object: "job", Tenant: j.Tenant, Status: j.Status, Endpoint: j.Endpoint, Model: j.Model,
+		CreatedAt: timePtr(j.CreatedAt), StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
+		Deadline: timePtr(j.Deadline), Attempts: j.Attempts, DispatchSeq: j.DispatchSeq,
+		Usage: j.Usage, Response: j.Response, Error: j.Error, Metadata: j.Metadata,
+	}
+	if !j.StartedAt.IsZero() {
+		ms := j.QueueWait.Milliseconds()
+		v.QueueWaitMS = &ms
+	}
+	if v.Response == nil {
+		v.Response = json.RawMessage("null")
+	}
+	if v.Metadata == nil {
+		v.Metadata = json.RawMessage("null")
+	}
+	return v
+}
+
+// submitRequest is the body of POST /v1/jobs.
+type submitRequest struct {
+	Endpoint        string          `json:"endpoint"`
+	Body            json.RawMessage `json:"body"`
+	DeadlineSeconds *float64        `json:"deadlineSeconds"`
+	Metadata        json.RawMessage `json:"metadata"`
+}
+
+// queued is the fair-queue payload of a job: what the dispatcher needs
+// without a store lookup.
+type queued struct {
+	model string
+	cost  limiter.Cost
+}
+
+// submitJob serves POST /v1/jobs: 202 with the job, or a refusal. A job
+// that can never fit the tenant's limits is refused now (413
+// request_too_large, BC-10) instead of sitting at the head of the tenant's
+// queue; a full tenant queue is 429 queue_full with a Retry-After estimated
+// from the tenant's token rate.
+func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
+	t, pool, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return
+	}
+	raw, aerr := readBody(r, g.maxBody)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	var sr submitRequest
+	if err := json.Unmarshal(raw, &sr); err != nil {
+		g.refuse(w, t, badRequest(codeInvalidJSON, "The request body is not a valid JSON object."))
+		return
+	}
+	if sr.Endpoint == "" {
+		sr.Endpoint = endpointChat
+	}
+	if sr.Endpoint != endpointChat && sr.Endpoint != endpointCompletions && sr.Endpoint != endpointEmbeddings {
+		g.refuse(w, t, badRequest(codeInvalidEndpoint, fmt.Sprintf("endpoint must be %s, %s or %s.", endpointChat, endpointCompletions, endpointEmbeddings)))
+		return
+	}
+	if len(sr.Metadata) > 0 && !bytes.Equal(sr.Metadata, []byte("null")) && bytes.TrimSpace(sr.Metadata)[0] != '{' {
+		g.refuse(w, t, badRequest(codeInvalidRequest, "metadata must be a JSON object."))
+		return
+	}
+	if len(sr.Body) == 0 {
+		g.refuse(w, t, badRequest(codeInvalidRequest, "The job needs a \"body\" object."))
+		return
+	}
+	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	if req.stream {
+		g.refuse(w, t, badRequest(codeStreamNotSupported, "Batch jobs cannot stream; remove \"stream\"."))
+		return
+	}
+	pol := t.Policy()
+	deadline := pol.DefaultDeadline
+	if sr.DeadlineSeconds != nil {
+		d := *sr.DeadlineSeconds
+		if math.IsNaN(d) || d <= 0 {
+			g.refuse(w, t, badRequest(codeInvalidDeadline, "deadlineSeconds must be positive."))
+			return
+		}
+		// A job may only shorten the tenant's default deadline.
+		if d < deadline.Seconds() {
+			deadline = time.Duration(d * float64(time.Second))
+		}
+	}
+	now := g.clock.Now()
+	cost := pool.CostModel.Cost(req.promptTokens, req.maxOutput)
+	if rej := t.Limiter.Check(now, cost); rej != nil && !rej.Retryable {
+		g.refuse(w, t, rejectionError(rej))
+		return
+	}
+	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
+		g.refuse(w, t, budgetError(resetIn, st))
+		return
+	}
+	job, err := g.store.Create(jobs.Job{
+		Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
+		PromptTokens: req.promptTokens, MaxOutputTokens: req.maxOutput, Metadata: sr.Metadata,
+		CreatedAt: now, Deadline: now.Add(deadline),
+	})
+	if err != nil {
+		g.refuse(w, t, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: "store_error", message: "The job could not be stored."})
+		return
+	}
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		err = q.Enqueue(now, &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
+			Value: &queued{model: req.model, cost: cost}})
+	})
+	if err != nil {
+		_ = g.store.Delete(job.ID)
+		switch {
+		case errors.Is(err, fairqueue.ErrTenantFull):
+			wait := time.Second
+			if l := pol.Limits.WeightedPerMinute; l != nil && *l > 0 {
+				wait = max(wait, refillTime(cost.Weighted, *l))
+			}
+			g.refuse(w, t, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeQueueFull,
+				retryAfter: wait, retryable: true,
+				message: fmt.Sprintf("The tenant's job queue is full (%d jobs). Retry in %ds.", pol.MaxQueued, retryAfterSeconds(wait))})
+		case errors.Is(err, fairqueue.ErrPoolFull):
+			g.refuse(w, t, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolQueueFull,
+				retryAfter: time.Second, retryable: true, message: "The pool's job queue is full. Retry in 1s."})
+		default:
+			g.refuse(w, t, badRequest(codeInvalidRequest, "The job could not be queued: "+err.Error()))
+		}
+		return
+	}
+	g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeQueued).Inc()
+	g.dispatch.wake()
+	w.Header().Set("Location", "/v1/jobs/"+job.ID)
+	writeJSON(w, http.StatusAccepted, viewOf(job))
+}
+
+// ownJob returns the tenant's job, or a 404 for a job that does not exist
+// or belongs to another tenant (indistinguishable on purpose).
+func (g *Gateway) ownJob(tenant, id string) (jobs.Job, *apiError) {
+	j, err := g.store.Get(id)
+	if err != nil || j.Tenant != tenant {
+		return jobs.Job{}, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: codeJobNotFound, message: "No such job."}
+	}
+	return j, nil
+}
+
+// getJob serves GET /v1/jobs/{id}.
+func (g *Gateway) getJob(w http.ResponseWriter, r *http.Request) {
+	t, _, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return
+	}
+	j, aerr := g.ownJob(t.ID, r.PathValue("id"))
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewOf(j))
+}
+
+// listResponse is the JSON shape of GET /v1/jobs.
+type listResponse struct {
+	Object  string    `json:"object"`
+	Data    []jobView `json:"data"`
+	HasMore bool      `json:"has_more"`
+	FirstID *string   `json:"first_id"`
+	LastID  *string   `json:"last_id"`
+}
+
+// listJobs serves GET /v1/jobs?status=&limit=&after=: the tenant's jobs in
+// submission order, keyset-paged (pass last_id as after for the next page).
+func (g *Gateway) listJobs(w http.ResponseWriter, r *http.Request) {
+	t, _, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return
+	}
+	q := r.URL.Query()
+	f := jobs.Filter{Status: jobs.Status(q.Get("status")), After: q.Get("after"), Limit: defaultListLimit}
+	if f.Status != "" && !f.Status.Valid() {
+		writeError(w, badRequest(codeInvalidRequest, "status must be queued, running, succeeded, failed, expired or cancelled."))
+		return
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, badRequest(codeInvalidRequest, fmt.Sprintf("limit must be an integer in [1, %d].", maxListLimit)))
+			return
+		}
+		f.Limit = n
+	}
+	list, more, err := g.store.List(t.ID, f)
+	if err != nil {
+		writeError(w, badRequest(codeInvalidRequest, "after is not a job id."))
+		return
+	}
+	resp := listResponse{Object: "list", Data: make([]jobView, len(list)), HasMore: more}
+	for i, j := range list {
+		resp.Data[i] = viewOf(j)
+	}
+	if len(list) > 0 {
+		resp.FirstID, resp.LastID = &list[0].ID, &list[len(list)-1].ID
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// cancelJob serves DELETE /v1/jobs/{id}: a queued job is cancelled (200
+// with the job); a running or finished one is 409 job_not_cancellable.
+func (g *Gateway) cancelJob(w http.ResponseWriter, r *http.Request) {
+	t, _, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return
+	}
+	j, aerr := g.ownJob(t.ID, r.PathValue("id"))
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	j, ok := g.dispatch.cancel(j.ID)
+	if !ok {
+		writeError(w, &apiError{status: http.StatusConflict, typ: typeInvalidRequest, code: codeJobNotCancellable,
+			message: fmt.Sprintf("The job is %s and can no longer be cancelled.", j.Status)})
+		return
+	}
+	writeJSON(w, http.StatusOK, viewOf(j))
+}

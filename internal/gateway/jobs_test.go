@@ -1,0 +1,342 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
+)
+
+// pause makes the test model's throttle refuse every start until t0+d (an
+// upstream 429 with Retry-After d).
+func (e *env) pause(d time.Duration) {
+	e.t.Helper()
+	m := e.reg.Model(testModel)
+	p, ok, _ := m.Throttle.TryStart(e.clock.Now(), 1, throttle.Interactive)
+	if !ok {
+		e.t.Fatal("probe refused")
+	}
+	m.Throttle.OnTooManyRequests(e.clock.Now(), p, throttle.Quota{RetryAfter: d, HasRetryAfter: true})
+}
+
+func jobBody(prompt int, maxTokens int64, extra string) string {
+	return `{"endpoint":"/v1/completions","body":` + completionsBody(prompt, maxTokens, "") + extra + `}`
+}
+
+func (e *env) submit(key, body string) jobView {
+	e.t.Helper()
+	resp := e.do("POST", "/v1/jobs", key, body)
+	if resp.StatusCode != http.StatusAccepted {
+		e.t.Fatalf("submit: %d %s", resp.StatusCode, readAll(e.t, resp))
+	}
+	return decode[jobView](e.t, resp)
+}
+
+func (e *env) job(key, id string) jobView {
+	e.t.Helper()
+	resp := e.do("GET", "/v1/jobs/"+id, key, "")
+	if resp.StatusCode != 200 {
+		e.t.Fatalf("get %s: %d", id, resp.StatusCode)
+	}
+	return decode[jobView](e.t, resp)
+}
+
+func (e *env) storeStatus(id string) jobs.Status {
+	j, err := e.store.Get(id)
+	if err != nil {
+		return ""
+	}
+	return j.Status
+}
+
+// TestJobAPIRoundTrip: submit, get, list paged and by status, cancel a
+// queued job (twice: 409), another tenant gets 404; after the pause the
+// remaining jobs succeed with usage and the upstream response.
+func TestJobAPIRoundTrip(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})})
+	e.pause(60 * time.Second)
+
+	var ids []string
+	for i := range 3 {
+		j := e.submit("key-a", jobBody(10, 100, fmt.Sprintf(`,"metadata":{"n":%d},"deadlineSeconds":600`, i)))
+		if j.Status != jobs.StatusQueued || j.Tenant != "a" || j.Model != testModel || !j.Deadline.Equal(t0.Add(600*time.Second)) {
+			t.Fatalf("submitted job %+v", j)
+		}
+		ids = append(ids, j.ID)
+	}
+	if got := e.job("key-a", ids[1]); got.ID != ids[1] || string(got.Metadata) != `{"n":1}` {
+		t.Errorf("get: %+v", got)
+	}
+	for _, method := range []string{"GET", "DELETE"} {
+		resp := e.do(method, "/v1/jobs/"+ids[0], "key-b", "")
+		body := decode[errorBody](t, resp)
+		if resp.StatusCode != 404 || body.Error.Code != "job_not_found" {
+			t.Errorf("%s by another tenant: %d %+v, want 404", method, resp.StatusCode, body.Error)
+		}
+	}
+
+	page1 := decode[listResponse](t, e.do("GET", "/v1/jobs?limit=2", "key-a", ""))
+	if len(page1.Data) != 2 || !page1.HasMore || page1.Data[0].ID != ids[0] || *page1.LastID != ids[1] {
+		t.Fatalf("page 1: %+v", page1)
+	}
+	page2 := decode[listResponse](t, e.do("GET", "/v1/jobs?limit=2&after="+*page1.LastID, "key-a", ""))
+	if len(page2.Data) != 1 || page2.HasMore || page2.Data[0].ID != ids[2] {
+		t.Fatalf("page 2: %+v", page2)
+	}
+	if other := decode[listResponse](t, e.do("GET", "/v1/jobs", "key-b", "")); len(other.Data) != 0 {
+		t.Errorf("tenant b lists %d jobs, want 0", len(other.Data))
+	}
+
+	resp := e.do("DELETE", "/v1/jobs/"+ids[2], "key-a", "")
+	if c := decode[jobView](t, resp); resp.StatusCode != 200 || c.Status != jobs.StatusCancelled || c.FinishedAt == nil {
+		t.Fatalf("cancel: %d %+v", resp.StatusCode, c)
+	}
+	resp = e.do("DELETE", "/v1/jobs/"+ids[2], "key-a", "")
+	if body := decode[errorBody](t, resp); resp.StatusCode != 409 || body.Error.Code != "job_not_cancellable" {
+		t.Errorf("second cancel: %d %+v, want 409", resp.StatusCode, body.Error)
+	}
+
+	e.clock.Step(62 * time.Second)
+	waitFor(t, "both jobs to succeed", func() bool {
+		return e.storeStatus(ids[0]) == jobs.StatusSucceeded && e.storeStatus(ids[1]) == jobs.StatusSucceeded
+	})
+	j := e.job("key-a", ids[0])
+	want := jobView{ID: ids[0], Object: "job", Tenant: "a", Status: jobs.StatusSucceeded, Endpoint: "/v1/completions", Model: testModel,
+		Attempts: 1, DispatchSeq: 1, Usage: &jobs.Usage{PromptTokens: 10, CompletionTokens: 20}}
+	got := j
+	got.CreatedAt, got.StartedAt, got.FinishedAt, got.Deadline, got.QueueWaitMS, got.Response, got.Metadata, got.Error = nil, nil, nil, nil, nil, nil, nil, nil
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("succeeded job (-want +got):\n%s", d)
+	}
+	if j.QueueWaitMS == nil || *j.QueueWaitMS != 62000 || !strings.Contains(string(j.Response), `"completion_tokens":20`) {
+		t.Errorf("queue_wait_ms %v, response %s", j.QueueWaitMS, j.Response)
+	}
+	done := decode[listResponse](t, e.do("GET", "/v1/jobs?status=succeeded", "key-a", ""))
+	if len(done.Data) != 2 {
+		t.Errorf("status=succeeded lists %d, want 2", len(done.Data))
+	}
+	if n := up.calls.Load(); n != 2 {
+		t.Errorf("upstream calls = %d, want 2", n)
+	}
+	if s := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()); s.InFlight != 0 {
+		t.Errorf("in flight after completion: %d", s.InFlight)
+	}
+}
+
+// TestJobsDispatchedByDeficitRoundRobin: with a quantum of one job's cost,
+// tenant b's two jobs are interleaved with tenant a's backlog of six, not
+// queued behind it (seed 000 "The problem with one queue").
+func TestJobsDispatchedByDeficitRoundRobin(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})},
+		withConcurrency(1), withPool(func(p *registry.PoolPolicy) { p.Quantum = 110 }))
+	e.pause(10 * time.Second)
+	owner := map[string]string{}
+	for range 6 {
+		owner[e.submit("key-a", jobBody(10, 100, "")).ID] = "a"
+	}
+	for range 2 {
+		owner[e.submit("key-b", jobBody(10, 100, "")).ID] = "b"
+	}
+	e.clock.Step(11 * time.Second)
+	waitFor(t, "all jobs to succeed", func() bool { return e.store.Counts()[jobs.StatusSucceeded] == 8 })
+	order := make([]string, 8)
+	for id, who := range owner {
+		j, _ := e.store.Get(id)
+		order[j.DispatchSeq-1] = who
+	}
+	// a's first job was dequeued and put back during the pause, which may
+	// give a one quantum of head start (BC-34 allows at most one).
+	want := map[string][]string{
+		"strict":            {"a", "b", "a", "b", "a", "a", "a", "a"},
+		"one quantum ahead": {"a", "a", "b", "a", "b", "a", "a", "a"},
+	}
+	if d1, d2 := cmp.Diff(want["strict"], order), cmp.Diff(want["one quantum ahead"], order); d1 != "" && d2 != "" {
+		t.Errorf("dispatch order by dispatch_seq (-want +got):\n%s", d1)
+	}
+}
+
+// TestBC37_DeadlineBeforePauseEndExpiresUnsent: a job with deadline NOW+30s
+// while the provider is paused until NOW+60s expires with zero upstream
+// calls, and is counted as expired, never charged.
+func TestBC37_DeadlineBeforePauseEndExpiresUnsent(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(60000), WeightedBurst: i64(10000)})})
+	e.pause(60 * time.Second)
+	j := e.submit("key-a", jobBody(10, 100, `,"deadlineSeconds":30`))
+	waitFor(t, "the job to expire", func() bool { return e.storeStatus(j.ID) == jobs.StatusExpired })
+	got := e.job("key-a", j.ID)
+	if got.Error == nil || got.Error.Code != "deadline_exceeded" || got.Attempts != 0 || got.StartedAt != nil {
+		t.Errorf("expired job: %+v", got)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("upstream calls = %d, want 0", n)
+	}
+	if left := e.tokensLeft("a"); left != 10000 {
+		t.Errorf("bucket = %d, want 10000 (never charged)", left)
+	}
+	waitFor(t, "the expired count", func() bool { return e.reg.Snapshot(e.clock.Now()).Tenants[0].Expired == 1 })
+}
+
+// TestBC37_SweepExpiresJobHeldByTenantLimit: a job held back by its
+// tenant's token bucket expires at its deadline (sweep), unsent.
+func TestBC37_SweepExpiresJobHeldByTenantLimit(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(60), WeightedBurst: i64(1000)})})
+	if _, rej := e.reg.Tenant("a").Limiter.Admit(t0, limiter.CostModel{InputWeight: 1, OutputWeight: 1}.Cost(1000, 0)); rej != nil {
+		t.Fatal(rej)
+	}
+	j := e.submit("key-a", jobBody(10, 100, `,"deadlineSeconds":30`))
+	waitFor(t, "the dispatcher to wait on its timer", e.clock.HasWaiters)
+	e.clock.Step(30 * time.Second)
+	waitFor(t, "the job to expire", func() bool { return e.storeStatus(j.ID) == jobs.StatusExpired })
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("upstream calls = %d, want 0", n)
+	}
+}
+
+// TestBC10_JobThatNeverFitsRejectedAtEnqueue: bucket capacity 8000, a job
+// of 3000 + 6000 is refused at submission with 413 request_too_large and
+// nothing is queued.
+func TestBC10_JobThatNeverFitsRejectedAtEnqueue(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(48000), WeightedBurst: i64(8000)})})
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(3000, 6000, ""))
+	body := decode[errorBody](t, resp)
+	if resp.StatusCode != 413 || body.Error.Code != "request_too_large" || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("got %d %+v Retry-After %q, want 413 request_too_large without Retry-After", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+	if n := e.reg.Snapshot(t0).Backlog; n != 0 {
+		t.Errorf("backlog = %d, want 0", n)
+	}
+}
+
+// TestJobQueueFull: the tenant's bound refuses with 429 queue_full and a
+// Retry-After; another tenant can still submit.
+func TestJobQueueFull(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	a := tenant("a", limiter.Limits{WeightedPerMinute: i64(6000)})
+	a.MaxQueued = 2
+	e := newEnv(t, up, []registry.TenantPolicy{a, tenant("b", limiter.Limits{})})
+	e.pause(60 * time.Second)
+	e.submit("key-a", jobBody(10, 100, ""))
+	e.submit("key-a", jobBody(10, 100, ""))
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 290, ""))
+	body := decode[errorBody](t, resp)
+	if resp.StatusCode != 429 || body.Error.Code != "queue_full" || resp.Header.Get("Retry-After") != "3" {
+		t.Fatalf("got %d %+v Retry-After %q, want 429 queue_full 3 (300 tokens at 100/s)", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+	e.submit("key-b", jobBody(10, 100, ""))
+}
+
+// TestJobUpstream429RequeuedWithoutDoubleCharge: an upstream 429 pauses the
+// model and puts the job back at its tenant's head, refunded; after the
+// pause it succeeds on its second attempt and is charged once.
+func TestJobUpstream429RequeuedWithoutDoubleCharge(t *testing.T) {
+	var first = true
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if first {
+			first = false
+			w.Header().Set("Retry-After", "5")
+			w.WriteHeader(429)
+			return
+		}
+		okJSON(10, 10)(w, r, body)
+	})
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600000), WeightedBurst: i64(10000)})})
+	j := e.submit("key-a", jobBody(10, 100, ""))
+	waitFor(t, "the 429 to be recorded", func() bool { return e.reg.Snapshot(e.clock.Now()).UpstreamThrottled == 1 })
+	waitFor(t, "the job to be queued again", func() bool {
+		return e.storeStatus(j.ID) == jobs.StatusQueued && e.reg.Snapshot(e.clock.Now()).Backlog == 1
+	})
+	if left := e.tokensLeft("a"); left != 10000 {
+		t.Errorf("bucket after the 429 = %d, want 10000 (refunded)", left)
+	}
+	e.clock.Step(6 * time.Second)
+	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(j.ID) == jobs.StatusSucceeded })
+	got := e.job("key-a", j.ID)
+	if got.Attempts != 2 {
+		t.Errorf("attempts = %d, want 2", got.Attempts)
+	}
+	if left := e.tokensLeft("a"); left != 10000-20 {
+		t.Errorf("bucket = %d, want %d (charged once: 20 used)", left, 10000-20)
+	}
+}
+
+// TestTenantRemovedFailsQueuedJobs: deleting a TenantQuota stops admission
+// and fails its queued jobs with tenant_removed.
+func TestTenantRemovedFailsQueuedJobs(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	e.pause(60 * time.Second)
+	j := e.submit("key-a", jobBody(10, 100, ""))
+	e.reg.RemoveTenant("a")
+	got, _ := e.store.Get(j.ID)
+	if got.Status != jobs.StatusFailed || got.Error == nil || got.Error.Code != "tenant_removed" {
+		t.Errorf("job after removal: %+v", got)
+	}
+	resp := e.do("POST", "/v1/completions", "key-a", completionsBody(1, 1, ""))
+	readAll(t, resp)
+	if resp.StatusCode != 401 {
+		t.Errorf("request after removal: %d, want 401", resp.StatusCode)
+	}
+}
+
+// TestJobRetriesUpstream5xxWithBackoff: an upstream 500 refunds the job's
+// charge and retries it after the backoff (1 s * 2^0, jittered into
+// [0.5 s, 1 s]); the retry succeeds on attempt 2.
+func TestJobRetriesUpstream5xxWithBackoff(t *testing.T) {
+	var calls int
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		calls++
+		if calls == 1 {
+			w.WriteHeader(500)
+			return
+		}
+		okJSON(10, 10)(w, r, body)
+	})
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600000), WeightedBurst: i64(10000)})})
+	j := e.submit("key-a", jobBody(10, 100, ""))
+	waitFor(t, "the first attempt to fail", func() bool {
+		got, _ := e.store.Get(j.ID)
+		return got.Attempts == 1 && got.Status == jobs.StatusQueued && got.Error != nil
+	})
+	if left := e.tokensLeft("a"); left != 10000 {
+		t.Errorf("bucket after the 500 = %d, want 10000 (refunded)", left)
+	}
+	waitFor(t, "the dispatcher to wait for the backoff", e.clock.HasWaiters)
+	e.clock.Step(time.Second)
+	waitFor(t, "the retry to succeed", func() bool { return e.storeStatus(j.ID) == jobs.StatusSucceeded })
+	got := e.job("key-a", j.ID)
+	if got.Attempts != 2 || got.Error != nil || got.DispatchSeq != 2 {
+		t.Errorf("job after the retry: %+v", got)
+	}
+}
+
+// TestBudgetExhausted: a request beyond the tenant's budget is 429
+// budget_exhausted with a Retry-After until the period resets.
+func TestBudgetExhausted(t *testing.T) {
+	up := newUpstream(t, okJSON(100, 100))
+	a := tenant("a", limiter.Limits{})
+	a.Budget = &registry.BudgetPolicy{WeightedTokens: 300, Period: registry.BudgetDay}
+	e := newEnv(t, up, []registry.TenantPolicy{a})
+	resp := e.do("POST", "/v1/completions", "key-a", completionsBody(100, 100, ""))
+	readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("first call: %d", resp.StatusCode)
+	}
+	resp = e.do("POST", "/v1/completions", "key-a", completionsBody(100, 100, ""))
+	body := decode[errorBody](t, resp)
+	if resp.StatusCode != 429 || body.Error.Code != "budget_exhausted" || resp.Header.Get("Retry-After") != "86400" {
+		t.Errorf("second call: %d %+v Retry-After %q, want 429 budget_exhausted 86400", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+}

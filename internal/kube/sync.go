@@ -1,0 +1,239 @@
+// Package kube is the scheduler's only link to the API server.
+//
+//   - Sync reconcilers (PoolReconciler, TenantReconciler) read the pool's
+//     ProviderPool, the TenantQuotas that reference it and the Secrets
+//     holding tenant API keys, translate them at one seam (translate.go) and
+//     apply them live to the registry. They embed only client.Reader: they
+//     cannot write (style 2.5, GIE InferencePoolReconciler).
+//   - StatusWriter, a leader-only Runnable, writes the scheduler-owned part
+//     of the pool's and tenants' status with server-side apply under the
+//     field manager fairshare-scheduler, skipping unchanged payloads (style
+//     2.4; BC-42). The operator applies Accepted/Ready under
+//     fairshare-controller; conditions are a list map keyed by type, so the
+//     two writers never remove each other's entries.
+//
+// Tenant API keys are read from the Secrets that TenantQuotas reference and
+// only their SHA-256 is kept.
+package kube
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// RBAC of the scheduler (config/rbac/scheduler, ClusterRole
+// fairshare-scheduler, bound per namespace by the operator's RoleBinding).
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools;tenantquotas,verbs=get;list;watch
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status;tenantquotas/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// defaultSecretKey is the Secret data key of a tenant API key when the
+// reference names none (the API default).
+const defaultSecretKey = "api-key"
+
+// secretRefIndex indexes TenantQuotas by the Secret their credentials name.
+const secretRefIndex = "spec.credentials.secretRef.name"
+
+// PoolReconciler loads the ProviderPool named PoolName into the registry.
+type PoolReconciler struct {
+	client.Reader
+	Registry  *registry.Registry
+	Namespace string
+	PoolName  string
+	// State records the last load error for the status writer.
+	State *State
+}
+
+// Reconcile applies the pool's current spec, or clears the policy when the
+// pool is gone. An invalid spec keeps the previous policy and is reported
+// through State (Serving False, InvalidSpec).
+func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if req.Name != r.PoolName || req.Namespace != r.Namespace {
+		return reconcile.Result{}, nil
+	}
+	var p v1alpha1.ProviderPool
+	if err := r.Get(ctx, req.NamespacedName, &p); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Registry.ClearPool()
+			r.State.setPoolErr(0, nil)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	err := r.Registry.SetPool(PoolPolicy(&p))
+	r.State.setPoolErr(p.Generation, err)
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "ProviderPool spec cannot be served; keeping the previous policy")
+	}
+	return reconcile.Result{}, nil
+}
+
+// TenantReconciler loads one TenantQuota of the pool (and the hash of its
+// API key) into the registry, or removes it.
+type TenantReconciler struct {
+	client.Reader
+	Registry  *registry.Registry
+	Namespace string
+	PoolName  string
+}
+
+// Reconcile applies the TenantQuota's current spec, or removes the tenant
+// when the object is gone or references another pool.
+func (r *TenantReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var tq v1alpha1.TenantQuota
+	if err := r.Get(ctx, req.NamespacedName, &tq); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Registry.RemoveTenant(req.Name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if tq.Spec.PoolRef.Name != r.PoolName || !tq.DeletionTimestamp.IsZero() {
+		r.Registry.RemoveTenant(tq.Name)
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{}, r.apply(ctx, &tq)
+}
+
+func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) error {
+	pol := TenantPolicy(tq)
+	if c := tq.Spec.Credentials; c != nil {
+		var sec corev1.Secret
+		err := r.Get(ctx, types.NamespacedName{Namespace: tq.Namespace, Name: c.SecretRef.Name}, &sec)
+		switch {
+		case apierrors.IsNotFound(err):
+			logf.FromContext(ctx).Info("tenant key Secret not found; the tenant cannot authenticate by API key until it exists", "secret", c.SecretRef.Name)
+		case err != nil:
+			return err
+		default:
+			key := c.SecretRef.Key
+			if key == "" {
+				key = defaultSecretKey
+			}
+			if v := strings.TrimSpace(string(sec.Data[key])); v != "" {
+				pol.KeyHashes = []registry.KeyHash{registry.HashKey(v)}
+			} else {
+				logf.FromContext(ctx).Info("tenant key Secret has no such key", "secret", c.SecretRef.Name, "key", key)
+			}
+		}
+	}
+	if err := r.Registry.UpsertTenant(pol); err != nil {
+		// Recorded in the registry for the status writer (Serving False);
+		// retrying cannot help until the spec or another object changes.
+		logf.FromContext(ctx).Info("TenantQuota cannot be served", "reason", err.Error())
+	}
+	return nil
+}
+
+// SetupWithManager registers both sync reconcilers, the Secret index and
+// watch, and the initial sync that marks the registry ready. The reconcilers
+// run on every replica (no leader election), so a standby is warm.
+func SetupWithManager(mgr manager.Manager, reg *registry.Registry, state *State, namespace, pool string) error {
+	ctx := context.Background()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.TenantQuota{}, secretRefIndex, func(o client.Object) []string {
+		if c := o.(*v1alpha1.TenantQuota).Spec.Credentials; c != nil {
+			return []string{c.SecretRef.Name}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing TenantQuotas by Secret: %w", err)
+	}
+	noLeader := false
+	pr := &PoolReconciler{Reader: mgr.GetClient(), Registry: reg, Namespace: namespace, PoolName: pool, State: state}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("providerpool-sync").
+		For(&v1alpha1.ProviderPool{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.GetName() == pool && o.GetNamespace() == namespace
+		}))).
+		WithOptions(controller.Options{NeedLeaderElection: &noLeader}).
+		Complete(pr); err != nil {
+		return err
+	}
+	tr := &TenantReconciler{Reader: mgr.GetClient(), Registry: reg, Namespace: namespace, PoolName: pool}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("tenantquota-sync").
+		For(&v1alpha1.TenantQuota{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var list v1alpha1.TenantQuotaList
+			if err := mgr.GetClient().List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{secretRefIndex: o.GetName()}); err != nil {
+				return nil
+			}
+			out := make([]reconcile.Request, 0, len(list.Items))
+			for i := range list.Items {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			}
+			return out
+		})).
+		WithOptions(controller.Options{NeedLeaderElection: &noLeader}).
+		Complete(tr); err != nil {
+		return err
+	}
+	return mgr.Add(&initialSync{cache: mgr.GetCache(), pool: pr, tenants: tr, reg: reg})
+}
+
+// initialSync loads the pool and every TenantQuota once the cache has
+// synced, then marks the registry's tenants loaded (readiness).
+type initialSync struct {
+	cache interface {
+		WaitForCacheSync(ctx context.Context) bool
+	}
+	pool    *PoolReconciler
+	tenants *TenantReconciler
+	reg     *registry.Registry
+}
+
+// NeedLeaderElection is false: every replica loads its policy.
+func (s *initialSync) NeedLeaderElection() bool { return false }
+
+// Start implements manager.Runnable.
+func (s *initialSync) Start(ctx context.Context) error {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return ctx.Err()
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// Sync reads the pool and its TenantQuotas and applies them, then marks the
+// registry's tenants loaded.
+func (s *initialSync) Sync(ctx context.Context) error {
+	if _, err := s.pool.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.pool.Namespace, Name: s.pool.PoolName}}); err != nil {
+		return fmt.Errorf("loading the ProviderPool: %w", err)
+	}
+	var list v1alpha1.TenantQuotaList
+	if err := s.tenants.List(ctx, &list, client.InNamespace(s.tenants.Namespace)); err != nil {
+		return fmt.Errorf("listing TenantQuotas: %w", err)
+	}
+	for i := range list.Items {
+		tq := &list.Items[i]
+		if tq.Spec.PoolRef.Name != s.tenants.PoolName || !tq.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := s.tenants.apply(ctx, tq); err != nil {
+			return fmt.Errorf("loading TenantQuota %s: %w", tq.Name, err)
+		}
+	}
+	s.reg.SetTenantsSynced()
+	return nil
+}

@@ -1,0 +1,106 @@
+package kube
+
+import (
+	"time"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// API defaults, applied here when a field is unset (the API server applies
+// the same defaults; objects built without them, as in tests, behave alike).
+const (
+	defaultReservePercent  = 20
+	defaultTimeoutSeconds  = 120
+	defaultDeadlineSeconds = 3600
+)
+
+// PoolPolicy translates a ProviderPool spec into the registry's pool policy:
+// the one seam between the API types and the data plane for pools (style
+// 2.3, "translate API -> domain at one seam").
+func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
+	s := &p.Spec
+	out := registry.PoolPolicy{
+		Name:                   p.Name,
+		Generation:             p.Generation,
+		BaseURL:                s.Upstream.BaseURL,
+		Dialect:                string(s.Upstream.Dialect),
+		ReservePercent:         defaultReservePercent,
+		CostModel:              limiter.CostModel{InputWeight: int64(s.CostModel.InputTokenWeight), OutputWeight: int64(s.CostModel.OutputTokenWeight), KVBlockTokens: int64(s.CostModel.KVBlockTokens)},
+		DefaultMaxOutputTokens: int64(s.CostModel.DefaultMaxOutputTokens),
+		IdentMode:              string(s.TenantIdentification.Mode),
+		IdentHeader:            s.TenantIdentification.Header,
+		Quantum:                s.Scheduler.QuantumTokens,
+		MaxQueuedJobs:          int(s.Scheduler.MaxQueuedJobs),
+		UpstreamTimeout:        time.Duration(defaultTimeoutSeconds) * time.Second,
+	}
+	if s.Upstream.TimeoutSeconds > 0 {
+		out.UpstreamTimeout = time.Duration(s.Upstream.TimeoutSeconds) * time.Second
+	}
+	if s.Reserve.InteractivePercent != nil {
+		out.ReservePercent = int64(*s.Reserve.InteractivePercent)
+	}
+	if s.Reserve.BatchBorrowAfterSeconds != nil {
+		out.BorrowAfter = time.Duration(*s.Reserve.BatchBorrowAfterSeconds) * time.Second
+	}
+	for _, m := range s.Models {
+		mp := registry.ModelPolicy{Name: m.Name}
+		if m.TokensPerMinute != nil {
+			mp.TokensPerMinute = *m.TokensPerMinute
+		}
+		if m.RequestsPerMinute != nil {
+			mp.RequestsPerMinute = *m.RequestsPerMinute
+		}
+		out.Models = append(out.Models, mp)
+	}
+	return out
+}
+
+// TenantPolicy translates a TenantQuota spec into the registry's tenant
+// policy (without key hashes: the caller adds those from the referenced
+// Secret). Limits: an unset rate is unlimited, 0 suspends (limiter.Limits);
+// enforcement Soft sets Limits.Soft.
+func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
+	s := &tq.Spec
+	out := registry.TenantPolicy{
+		ID:              tq.TenantIDOrName(),
+		Name:            tq.Name,
+		Generation:      tq.Generation,
+		Weight:          int64(s.Weight),
+		MaxQueued:       registry.DefaultMaxQueuedPerTenant,
+		DefaultDeadline: defaultDeadlineSeconds * time.Second,
+	}
+	l := limiter.Limits{Soft: s.Enforcement == v1alpha1.EnforcementSoft}
+	if t := s.Tokens; t != nil {
+		l.WeightedPerMinute, l.WeightedBurst = copyInt64(t.WeightedPerMinute), copyInt64(t.Burst)
+		l.InputPerMinute, l.OutputPerMinute = copyInt64(t.InputPerMinute), copyInt64(t.OutputPerMinute)
+	}
+	if r := s.Requests; r != nil {
+		l.RequestsPerMinute, l.RequestBurst = copyInt64(r.PerMinute), copyInt64(r.Burst)
+	}
+	if s.MaxConcurrentRequests != nil {
+		v := int64(*s.MaxConcurrentRequests)
+		l.MaxConcurrent = &v
+	}
+	l.MaxKVBlocks = copyInt64(s.MaxKVBlocks)
+	out.Limits = l
+	if s.Batch.MaxQueuedJobs != nil {
+		out.MaxQueued = int(*s.Batch.MaxQueuedJobs)
+	}
+	if s.Batch.DefaultDeadlineSeconds != nil {
+		out.DefaultDeadline = time.Duration(*s.Batch.DefaultDeadlineSeconds) * time.Second
+	}
+	if b := s.Budget; b != nil {
+		out.Budget = &registry.BudgetPolicy{WeightedTokens: b.WeightedTokens, Period: string(b.Period)}
+	}
+	return out
+}
+
+func copyInt64(p *int64) *int64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

@@ -1,0 +1,163 @@
+package registry
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func i64(v int64) *int64 { return &v }
+
+func testPool() PoolPolicy {
+	return PoolPolicy{Name: "pool", BaseURL: "http://127.0.0.1:1", Models: []ModelPolicy{{Name: "m", TokensPerMinute: 1000}}}
+}
+
+func TestSetPoolValidatesThenCommits(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	if err := r.SetPool(testPool()); err != nil {
+		t.Fatal(err)
+	}
+	p := r.Pool()
+	if p.Quantum != DefaultQuantum || p.IdentMode != IdentifyAPIKey || p.IdentHeader != DefaultIdentHeader ||
+		p.CostModel != limiter.DefaultCostModel || p.UpstreamTimeout != DefaultUpstreamTimeout {
+		t.Errorf("defaults not applied: %+v", p)
+	}
+	m := r.Model("m")
+	for _, bad := range []PoolPolicy{
+		{BaseURL: "http://x"},
+		{BaseURL: "ftp://x", Models: []ModelPolicy{{Name: "m"}}},
+		{BaseURL: "http://x", Models: []ModelPolicy{{Name: "m"}, {Name: "m"}}},
+		{BaseURL: "http://x", Models: []ModelPolicy{{Name: "m"}}, ReservePercent: 100},
+		{BaseURL: "http://x", Models: []ModelPolicy{{Name: "m"}}, IdentMode: "Cookie"},
+	} {
+		if err := r.SetPool(bad); err == nil {
+			t.Errorf("SetPool(%+v) accepted", bad)
+		}
+	}
+	if r.Pool() != p || r.Model("m") != m {
+		t.Error("an invalid policy changed the committed one")
+	}
+	next := testPool()
+	next.Models = append(next.Models, ModelPolicy{Name: "n"})
+	if err := r.SetPool(next); err != nil {
+		t.Fatal(err)
+	}
+	if r.Model("m") != m || r.Model("n") == nil {
+		t.Error("a reconfigured model must keep its throttle; a new model must get one")
+	}
+	next.Models = next.Models[1:]
+	_ = r.SetPool(next)
+	if r.Model("m") != nil {
+		t.Error("a removed model is still served")
+	}
+}
+
+// TestBC41_LiveLimitUpdates: removing the token limit admits a 5000-token
+// request at once; a lowered request rate applies to the live limiter (the
+// same object, its state kept); deleting the TenantQuota stops admission
+// (the scheduler's policy: a deleted tenant is not served).
+func TestBC41_LiveLimitUpdates(t *testing.T) {
+	fc := clocktesting.NewFakeClock(t0)
+	r := New(fc)
+	_ = r.SetPool(testPool())
+	pol := TenantPolicy{ID: "a", Limits: limiter.Limits{RequestsPerMinute: i64(60), WeightedPerMinute: i64(1000)}, MaxQueued: 10}
+	if err := r.UpsertTenant(pol); err != nil {
+		t.Fatal(err)
+	}
+	tn := r.Tenant("a")
+	big := limiter.DefaultCostModel.Cost(5000, 0)
+	if _, rej := tn.Limiter.Admit(t0, big); rej == nil {
+		t.Fatal("5000 tokens admitted under 1000/min")
+	}
+	pol.Limits.WeightedPerMinute = nil
+	if err := r.UpsertTenant(pol); err != nil {
+		t.Fatal(err)
+	}
+	if r.Tenant("a") != tn {
+		t.Fatal("an update replaced the tenant's limiter")
+	}
+	res, rej := tn.Limiter.Admit(t0, big)
+	if rej != nil {
+		t.Fatalf("after removing the token limit: %+v", rej)
+	}
+	res.Complete(t0, limiter.Usage{})
+	pol.Limits.RequestsPerMinute = i64(10)
+	_ = r.UpsertTenant(pol)
+	if got := tn.Limiter.Snapshot(t0).RequestsRemaining; got > 1 {
+		t.Errorf("requests remaining after lowering to 10/min = %d, want <= 1 (burst 10/6)", got)
+	}
+	if got := r.RemoveTenant("a"); got != tn || !tn.Removed() || r.Tenant("a") != nil {
+		t.Errorf("RemoveTenant: %v, removed %v", got, tn.Removed())
+	}
+}
+
+func TestUpsertKeepsQueueAndRefusesDuplicates(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.SetPool(testPool())
+	a := TenantPolicy{ID: "a", Name: "tq-a", MaxQueued: 5, KeyHashes: []KeyHash{HashKey("ka")}}
+	if err := r.UpsertTenant(a); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	r.WithQueue(func(q *fairqueue.Queue) { err = q.Enqueue(t0, &fairqueue.Job{ID: "j1", Tenant: "a", Cost: 10}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Weight = 3
+	a.KeyHashes = []KeyHash{HashKey("ka2")}
+	if err := r.UpsertTenant(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Snapshot(t0).Backlog; got != 1 {
+		t.Errorf("backlog after an update = %d, want 1 (queued jobs are kept)", got)
+	}
+	if r.TenantByKey("ka") != nil || r.TenantByKey("ka2") == nil {
+		t.Error("key rotation not applied")
+	}
+	dupID := TenantPolicy{ID: "a", Name: "tq-other", MaxQueued: 1}
+	if err := r.UpsertTenant(dupID); !errors.Is(err, ErrDuplicateTenantID) {
+		t.Errorf("duplicate id: %v", err)
+	}
+	dupKey := TenantPolicy{ID: "b", Name: "tq-b", KeyHashes: []KeyHash{HashKey("ka2")}}
+	if err := r.UpsertTenant(dupKey); !errors.Is(err, ErrDuplicateKey) {
+		t.Errorf("duplicate key: %v", err)
+	}
+	snap := r.Snapshot(t0)
+	if len(snap.Tenants) != 1 || len(snap.Objects) != 3 {
+		t.Errorf("snapshot: %d tenants, %d objects; want 1 and 3", len(snap.Tenants), len(snap.Objects))
+	}
+	var removed []string
+	r.OnTenantRemoved(func(t *Tenant) { removed = append(removed, t.ID) })
+	if r.RemoveTenant("tq-other") != nil {
+		t.Error("removing the refused duplicate removed the served tenant")
+	}
+	r.RemoveTenant("tq-a")
+	if len(removed) != 1 || removed[0] != "a" {
+		t.Errorf("removal hooks: %v", removed)
+	}
+}
+
+func TestBudget(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.UpsertTenant(TenantPolicy{ID: "a", Budget: &BudgetPolicy{WeightedTokens: 1000, Period: BudgetDay}})
+	tn := r.Tenant("a")
+	now := t0.Add(6 * time.Hour)
+	tn.AddUsed(now, 900)
+	if ok, _, _ := tn.CheckBudget(now, 100); !ok {
+		t.Error("100 of the remaining 100 refused")
+	}
+	ok, resetIn, st := tn.CheckBudget(now, 101)
+	if ok || resetIn != 18*time.Hour || st.Remaining != 100 || !st.ResetTime.Equal(t0.AddDate(0, 0, 1)) {
+		t.Errorf("over budget: ok %v, reset in %v, %+v", ok, resetIn, st)
+	}
+	if ok, _, st := tn.CheckBudget(t0.AddDate(0, 0, 1), 1000); !ok || st.Used != 0 {
+		t.Errorf("next day: ok %v %+v, want a fresh budget", ok, st)
+	}
+}

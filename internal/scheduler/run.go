@@ -1,0 +1,252 @@
+// Package scheduler wires the data plane of one ProviderPool: settings and
+// flags, a controller-runtime manager scoped to the pool's namespace as the
+// lifecycle host (informers, leader election, health probes), the sync
+// reconcilers feeding the registry, the gateway HTTP server and dispatcher
+// and the status writer (both leader-only Runnables), and the metrics
+// server on an injected Prometheus registry.
+//
+// Readiness (/readyz) is true only on the leader once the pool and its
+// tenants are loaded: the queues and buckets live in memory, so replicas
+// run active/passive (style 2.5). /healthz is always served.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/gateway"
+	"github.com/fairshare-dev/fairshare/internal/kube"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+)
+
+// shutdownTimeout bounds the graceful shutdown of an HTTP server (streams
+// in flight are cut after it).
+const shutdownTimeout = 10 * time.Second
+
+// Flags are the command-line flags of the scheduler binary.
+type Flags struct {
+	// Config is the path of the settings file (schedconfig), required.
+	Config string
+	// Kubeconfig is a kubeconfig path; empty uses KUBECONFIG, ~/.kube/config
+	// or the in-cluster config (controller-runtime's rules).
+	Kubeconfig string
+	// HTTPAddr, MetricsAddr and HealthAddr override the settings' listen
+	// addresses when not empty (several processes on one machine).
+	HTTPAddr, MetricsAddr, HealthAddr string
+	// Zap are the logging flags (--zap-log-level, --zap-devel, ...).
+	Zap zap.Options
+}
+
+// ParseFlags parses args (without the program name).
+func ParseFlags(args []string) (Flags, error) {
+	var f Flags
+	fs := flag.NewFlagSet("scheduler", flag.ContinueOnError)
+	fs.StringVar(&f.Config, "config", "", "Path of the scheduler settings file (JSON, "+schedconfig.APIVersion+"). Required.")
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "Path of a kubeconfig. Empty: KUBECONFIG, ~/.kube/config or in-cluster.")
+	fs.StringVar(&f.HTTPAddr, "http-addr", "", "Listen address of the gateway (overrides the settings' httpAddr).")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "Listen address of /metrics (overrides the settings' metricsAddr; \"0\" disables).")
+	fs.StringVar(&f.HealthAddr, "health-addr", "", "Listen address of /healthz and /readyz (overrides the settings' healthAddr; \"0\" disables).")
+	f.Zap.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return Flags{}, err
+	}
+	if f.Config == "" {
+		return Flags{}, errors.New("--config is required")
+	}
+	return f, nil
+}
+
+// Run runs the scheduler with the command-line args until ctx is
+// cancelled, then stops every server (releasing its port) and returns.
+// The provider API key is read from the environment variable
+// schedconfig.ProviderKeyEnv; it is never logged.
+func Run(ctx context.Context, args []string) error {
+	f, err := ParseFlags(args)
+	if err != nil {
+		return err
+	}
+	s, err := schedconfig.Load(f.Config)
+	if err != nil {
+		return err
+	}
+	for _, o := range []struct {
+		dst *string
+		v   string
+	}{{&s.HTTPAddr, f.HTTPAddr}, {&s.MetricsAddr, f.MetricsAddr}, {&s.HealthAddr, f.HealthAddr}} {
+		if o.v != "" {
+			*o.dst = o.v
+		}
+	}
+	log := zap.New(zap.UseFlagOptions(&f.Zap)).WithValues("pool", s.PoolName, "namespace", s.Namespace)
+	ctrl.SetLogger(log)
+	cfg, err := restConfig(f.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
+}
+
+func restConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		return clientcmd.BuildConfigFromFlags("", path)
+	}
+	return ctrl.GetConfig()
+}
+
+func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey string, log logr.Logger) error {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	health := s.HealthAddr
+	if health == "" {
+		health = "0"
+	}
+	skipNameValidation := true
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        log,
+		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{s.Namespace: {}}},
+		Metrics:                       metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:        health,
+		LeaderElection:                s.LeaderElection,
+		LeaderElectionID:              s.LeaseName,
+		LeaderElectionNamespace:       s.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		// Several schedulers may run in one process (tests).
+		Controller: ctrlconfig.Controller{SkipNameValidation: &skipNameValidation},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+
+	clk := clock.RealClock{}
+	reg := registry.New(clk)
+	prom := prometheus.NewRegistry()
+	prom.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(clk.Now()) })
+	state := &kube.State{}
+	if err := kube.SetupWithManager(mgr, reg, state, s.Namespace, s.PoolName); err != nil {
+		return err
+	}
+	gw := gateway.New(gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey,
+		UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")})
+	if err := mgr.Add(&server{name: "gateway", addr: s.HTTPAddr, handler: gw, leader: true, run: gw.Run, log: log}); err != nil {
+		return err
+	}
+	if s.MetricsAddr != "" && s.MetricsAddr != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(prom, promhttp.HandlerOpts{Registry: prom}))
+		if err := mgr.Add(&server{name: "metrics", addr: s.MetricsAddr, handler: mux, log: log}); err != nil {
+			return err
+		}
+	}
+	if err := mgr.Add(&kube.StatusWriter{Client: mgr.GetClient(), Registry: reg, State: state, Namespace: s.Namespace,
+		PoolName: s.PoolName, Interval: time.Duration(s.StatusIntervalSeconds) * time.Second, Clock: clk,
+		Log: log.WithName("status")}); err != nil {
+		return err
+	}
+	if health != "0" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+		elected := mgr.Elected()
+		if err := mgr.AddReadyzCheck("leader-and-loaded", func(*http.Request) error {
+			select {
+			case <-elected:
+			default:
+				return errors.New("not the leader")
+			}
+			if !reg.Ready() {
+				return errors.New("pool and tenants not loaded yet")
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
+		"leaderElection", s.LeaderElection, "providerKey", providerKey != "")
+	return mgr.Start(ctx)
+}
+
+// server is an HTTP server Runnable: it listens when started, and on
+// cancellation shuts down gracefully (bounded by shutdownTimeout), releasing
+// its port. run, when set, runs beside it (the gateway's dispatcher).
+type server struct {
+	name    string
+	addr    string
+	handler http.Handler
+	leader  bool
+	run     func(ctx context.Context) error
+	log     logr.Logger
+}
+
+var _ manager.LeaderElectionRunnable = (*server)(nil)
+
+// NeedLeaderElection: the gateway serves only on the leader; metrics on all.
+func (s *server) NeedLeaderElection() bool { return s.leader }
+
+// Start implements manager.Runnable.
+func (s *server) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("%s: listening on %s: %w", s.name, s.addr, err)
+	}
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runDone := make(chan error, 1)
+	if s.run != nil {
+		go func() { runDone <- s.run(runCtx) }()
+	} else {
+		runDone <- nil
+	}
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- srv.Serve(ln) }()
+	s.log.Info("serving", "server", s.name, "addr", ln.Addr().String())
+	select {
+	case <-ctx.Done():
+	case err := <-serveDone:
+		cancel()
+		<-runDone
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	cancel()
+	<-serveDone
+	return <-runDone
+}

@@ -1,0 +1,245 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/providersim"
+	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+)
+
+func TestParseFlags(t *testing.T) {
+	f, err := ParseFlags([]string{"--config", "/etc/s.json", "--http-addr", ":1", "--metrics-addr", "0", "--health-addr", ":3", "--kubeconfig", "/k", "--zap-log-level", "debug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Config != "/etc/s.json" || f.HTTPAddr != ":1" || f.MetricsAddr != "0" || f.HealthAddr != ":3" || f.Kubeconfig != "/k" {
+		t.Errorf("flags = %+v", f)
+	}
+	if _, err := ParseFlags(nil); err == nil || !strings.Contains(err.Error(), "--config is required") {
+		t.Errorf("missing --config: %v", err)
+	}
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// poll calls cond until it holds, failing after 30 s of real time.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunEndToEnd runs the scheduler in process against a real API server
+// (envtest) and the provider simulator: it becomes ready (leader, pool and
+// tenant loaded), serves an interactive call and a batch job with the
+// tenant's key from its Secret, writes status under its field manager,
+// exports metrics, and returns on cancellation releasing its ports.
+func TestRunEndToEnd(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS is not set: no API server for envtest")
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "scheduler-test", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kcPath := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sim := httptest.NewServer(providersim.New(providersim.Config{TokensPerMinute: 10_000_000, RequestsPerMinute: 100_000}))
+	t.Cleanup(sim.Close)
+
+	ns := "e2e"
+	wpm := int64(600000)
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "a-key", Namespace: ns}, Data: map[string][]byte{"api-key": []byte("sk-tenant-a")}},
+		&v1alpha1.ProviderPool{ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: ns}, Spec: v1alpha1.ProviderPoolSpec{
+			Upstream: v1alpha1.UpstreamSpec{BaseURL: sim.URL}, Models: []v1alpha1.ModelSpec{{Name: providersim.DefaultModel}}}},
+		&v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: "tq-a", Namespace: ns}, Spec: v1alpha1.TenantQuotaSpec{
+			PoolRef: v1alpha1.PoolRef{Name: "pool"}, Tokens: &v1alpha1.TokenLimits{WeightedPerMinute: &wpm},
+			Credentials: &v1alpha1.TenantCredentials{SecretRef: v1alpha1.SecretKeyRef{Name: "a-key"}}}},
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	httpAddr, metricsAddr, healthAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	settings := schedconfig.Settings{APIVersion: schedconfig.APIVersion, PoolName: "pool", Namespace: ns,
+		HTTPAddr: "127.0.0.1:1", MetricsAddr: "0", HealthAddr: "0", LeaderElection: true, LeaseName: "pool-scheduler",
+		StatusIntervalSeconds: 1, UpstreamConcurrency: 8}
+	cfgPath := filepath.Join(dir, "scheduler.json")
+	if err := os.WriteFile(cfgPath, settings.Marshal(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(runCtx, []string{"--config", cfgPath, "--kubeconfig", kcPath,
+			"--http-addr", httpAddr, "--metrics-addr", metricsAddr, "--health-addr", healthAddr})
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+	})
+
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	poll(t, "/readyz", func() bool { code, _ := get("http://" + healthAddr + "/readyz"); return code == 200 })
+	if code, _ := get("http://" + healthAddr + "/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+
+	post := func(path, body string) (int, []byte) {
+		req, _ := http.NewRequest("POST", "http://"+httpAddr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk-tenant-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	chat := `{"model":"` + providersim.DefaultModel + `","messages":[{"role":"user","content":"Hello there"}],"max_tokens":50}`
+	code, body := post("/v1/chat/completions", chat)
+	if code != 200 || !strings.Contains(string(body), `"usage"`) {
+		t.Fatalf("chat: %d %s", code, body)
+	}
+	code, body = post("/v1/jobs", `{"body":`+chat+`}`)
+	if code != 202 {
+		t.Fatalf("job: %d %s", code, body)
+	}
+	var job struct{ ID string }
+	_ = json.Unmarshal(body, &job)
+	poll(t, "the job to succeed", func() bool {
+		req, _ := http.NewRequest("GET", "http://"+httpAddr+"/v1/jobs/"+job.ID, nil)
+		req.Header.Set("Authorization", "Bearer sk-tenant-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var j struct{ Status string }
+		_ = json.NewDecoder(resp.Body).Decode(&j)
+		return j.Status == "succeeded"
+	})
+
+	poll(t, "the tenant status", func() bool {
+		var tq v1alpha1.TenantQuota
+		if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tq-a"}, &tq) != nil {
+			return false
+		}
+		s := meta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionServing)
+		return s != nil && s.Status == metav1.ConditionTrue && tq.Status.CompletedJobs != nil && *tq.Status.CompletedJobs == 1
+	})
+	var pool v1alpha1.ProviderPool
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	managers := map[string]bool{}
+	for _, mf := range pool.ManagedFields {
+		managers[mf.Manager+"/"+mf.Subresource] = true
+	}
+	if !managers[v1alpha1.FieldManagerScheduler+"/status"] || pool.Status.Tenants == nil || *pool.Status.Tenants != 1 {
+		t.Errorf("pool status %+v, managers %v", pool.Status, managers)
+	}
+
+	_, metricsText := get("http://" + metricsAddr + "/metrics")
+	for _, want := range []string{
+		`fairshare_scheduler_requests_total{outcome="ok",tenant="tq-a"} 1`,
+		`fairshare_scheduler_requests_total{outcome="queued",tenant="tq-a"} 1`,
+		`fairshare_scheduler_upstream_responses_total{code="200",model="gpt-4o-mini"} 2`,
+		`fairshare_scheduler_tenant_queued_jobs{tenant="tq-a"} 0`,
+		`fairshare_scheduler_queue_wait_seconds_count 1`,
+	} {
+		if !strings.Contains(metricsText, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		stopped = true
+		if err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancellation")
+	}
+	for _, addr := range []string{httpAddr, metricsAddr, healthAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("port %s not released: %v", addr, err)
+			continue
+		}
+		ln.Close()
+	}
+	_ = fmt.Sprint()
+}
