@@ -353,6 +353,17 @@ func (q *Queue) remove(t *tenantQ, j *Job) {
 }
 
 // advance moves the turn to the next tenant in the round.
+// keepTurn restores the turn (cursor and grant) saved at the start of a
+// Dequeue that dispatched nothing because no tenant was eligible, so that
+// such calls neither move the round on nor grant quanta: a passed-over
+// tenant keeps its place.
+func (q *Queue) keepTurn(cur *tenantQ, granted, everEligible bool) {
+	if everEligible || cur == nil || !cur.active {
+		return
+	}
+	q.cur, q.granted = cur, granted
+}
+
 func (q *Queue) advance() {
 	q.cur, q.granted = q.cur.next, false
 }
@@ -374,6 +385,11 @@ func (q *Queue) advance() {
 func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) bool) (next *Job, expired []*Job) {
 	q.pass++
 	seen, anyEligible := 0, false
+	// A call that finds no eligible tenant must leave the round as it found
+	// it: otherwise the turn would rotate and the tenant at the cursor would be
+	// granted a fresh quantum on every such call (for example while the
+	// upstream is paused), starving the others.
+	startCur, startGranted, everEligible := q.cur, q.granted, false
 	for q.cur != nil {
 		t := q.cur
 		for j := t.first(); j != nil && j.expiredAt(now); j = t.first() {
@@ -383,6 +399,7 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 		if !t.active { // emptied by expiry; remove moved the turn on
 			if seen >= q.nActive {
 				if !anyEligible || !q.fastForward() {
+					q.keepTurn(startCur, startGranted, everEligible)
 					return nil, expired
 				}
 				seen, anyEligible = 0, false
@@ -390,7 +407,7 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 			continue
 		}
 		if pick := q.pick(t, now, eligible); pick != nil {
-			anyEligible = true
+			anyEligible, everEligible = true, true
 			t.mark, t.need = q.pass, pick.Cost
 			if !q.granted {
 				t.deficit += q.cfg.Quantum * q.weight(t)
@@ -409,6 +426,7 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 		seen++
 		if seen >= q.nActive {
 			if !anyEligible || !q.fastForward() {
+				q.keepTurn(startCur, startGranted, everEligible)
 				return nil, expired
 			}
 			seen, anyEligible = 0, false

@@ -18,12 +18,14 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	quotav1alpha1 "github.com/fairshare-dev/fairshare/api/v1alpha1"
 )
@@ -60,6 +62,8 @@ func StartControlPlane(workDir string) (*ControlPlane, error) {
 			return nil, fmt.Errorf("%s not found in %s: run `make tools` first: %w", b, assets, err)
 		}
 	}
+	// The processes log for themselves; envtest's own messages are not needed.
+	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
