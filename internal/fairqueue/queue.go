@@ -151,6 +151,12 @@ type Queue struct {
 	nActive int
 	pass    uint64
 
+	// last is the job the latest Dequeue returned and lastDeficit its
+	// tenant's deficit before that job was charged, so that Requeue can undo
+	// the Dequeue exactly, even when it emptied the tenant's queue.
+	last        *Job
+	lastDeficit int64
+
 	buckets map[int64]*dbucket
 	bheap   bucketHeap
 	lastB   *dbucket
@@ -417,6 +423,7 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 				if pick != t.first() {
 					t.first().bypassed++
 				}
+				q.last, q.lastDeficit = pick, t.deficit
 				t.deficit -= pick.Cost
 				q.remove(t, pick)
 				return pick, expired
@@ -508,10 +515,20 @@ func (q *Queue) Requeue(j *Job) {
 		return
 	}
 	t := q.tenant(j.Tenant)
+	// Undo of the latest Dequeue that emptied the tenant's queue: the tenant
+	// left the round then; it comes back at the turn and with the deficit it
+	// had, instead of at the end of the round (which would starve a tenant
+	// whose last job the throttle keeps refusing).
+	undo := j == q.last && !t.active
+	q.last = nil
 	j.prev, j.next = &t.head, t.head.next
 	t.head.next.prev = j
 	t.head.next = j
 	q.added(t, j)
+	if undo {
+		q.cur, q.granted, t.deficit = t, true, q.lastDeficit
+		return
+	}
 	t.deficit += j.Cost
 }
 

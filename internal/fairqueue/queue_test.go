@@ -706,7 +706,8 @@ func TestRequeueRestoresDeficit(t *testing.T) {
 	if got := ids(drain(t, q, now0)); !cmp.Equal(got, []string{"A-0", "A-1", "B-0", "B-1", "A-2", "B-2"}) {
 		t.Errorf("order after requeue: %v", got)
 	}
-	// A tenant that had left the round comes back with the job's cost.
+	// A tenant that had left the round comes back at the turn with the deficit
+	// it had before the Dequeue (the Dequeue is undone exactly).
 	q = New(Config{Quantum: 1000})
 	mustEnqueue(t, q, now0, job("only", "A", 700))
 	j, _ = q.Dequeue(now0, nil)
@@ -714,8 +715,8 @@ func TestRequeueRestoresDeficit(t *testing.T) {
 		t.Fatalf("deficit after emptying %d", q.Deficit("A"))
 	}
 	q.Requeue(j)
-	if q.Deficit("A") != 700 || q.Len("A") != 1 {
-		t.Errorf("requeue into an empty tenant: deficit %d len %d; want 700, 1", q.Deficit("A"), q.Len("A"))
+	if q.Deficit("A") != 1000 || q.Len("A") != 1 {
+		t.Errorf("requeue into an empty tenant: deficit %d len %d; want 1000, 1", q.Deficit("A"), q.Len("A"))
 	}
 }
 

@@ -18,13 +18,13 @@ func TestDemoScenario(t *testing.T) {
 	}
 	o := scenario.Options{
 		WorkDir:          t.TempDir(),
-		BulkJobs:         600,
+		BulkJobs:         400,
 		SmallJobs:        5,
-		PremiumJobs:      120,
+		PremiumJobs:      90,
 		InteractiveCalls: 6,
 		MaxTokens:        64,
 		Simulator: framework.SimulatorOptions{
-			TokensPerMinute: 60000, RequestsPerMinute: 1200,
+			TokensPerMinute: 12000, RequestsPerMinute: 600,
 			Latency: 50 * time.Millisecond, OutputTokens: 32,
 		},
 		ProgressEvery: 2 * time.Second,
