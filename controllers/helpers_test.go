@@ -11,6 +11,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
@@ -140,4 +141,20 @@ func readyPool(t *testing.T, namespace, name string) *v1alpha1.ProviderPool {
 	setDeploymentAvailable(t, namespace, name+"-scheduler", 1)
 	eventually(t, "pool Ready", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable))
 	return pool
+}
+
+// updateWithRetry reads obj, applies mutate and updates it, retrying when the
+// operator's concurrent status writes changed the resourceVersion meanwhile.
+func updateWithRetry(t *testing.T, obj client.Object, mutate func()) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		mutate()
+		return k8sClient.Update(context.Background(), obj)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -86,11 +86,7 @@ func TestProviderPoolSettingsChangeRollsDeployment(t *testing.T) {
 	})
 	before := d.Spec.Template.Annotations[v1alpha1.AnnotationSettingsHash]
 
-	get(t, ns, "roll", pool)
-	pool.Spec.Scheduler.StatusIntervalSeconds = 20
-	if err := k8sClient.Update(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	updateWithRetry(t, pool, func() { pool.Spec.Scheduler.StatusIntervalSeconds = 20 })
 	want := render.Settings(pool).Hash()
 	if want == before {
 		t.Fatal("fixture: the new settings hash equals the old one")

@@ -132,7 +132,6 @@ func schedulerCondition(condType, reason string) map[string]any {
 // keeps the operator's Accepted and Ready conditions.
 func TestBC42_TwoWritersDoNotClobber(t *testing.T) {
 	requireEnv(t)
-	ctx := context.Background()
 	ns := newNamespace(t)
 	pool := readyPool(t, ns, "shared")
 
@@ -151,10 +150,7 @@ func TestBC42_TwoWritersDoNotClobber(t *testing.T) {
 	// Operator -> scheduler's fields survive. A spec change makes the operator
 	// write observedGeneration and both conditions (a model is read live: the
 	// Deployment does not roll and the pool stays Ready).
-	pool.Spec.Models = append(pool.Spec.Models, v1alpha1.ModelSpec{Name: "sim-mini"})
-	if err := k8sClient.Update(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	updateWithRetry(t, pool, func() { pool.Spec.Models = append(pool.Spec.Models, v1alpha1.ModelSpec{Name: "sim-mini"}) })
 	eventually(t, "operator status write for the new generation", func() error {
 		get(t, ns, "shared", pool)
 		if pool.Status.ObservedGeneration != pool.Generation {
@@ -190,11 +186,7 @@ func TestBC42_TwoWritersDoNotClobber(t *testing.T) {
 		"conditions": []any{schedulerCondition(v1alpha1.ConditionThrottled, v1alpha1.ReasonTenantLimited)},
 		"backlog":    int64(7),
 	})
-	get(t, ns, "shared-tenant", tq)
-	tq.Spec.Weight = 3
-	if err := k8sClient.Update(ctx, tq); err != nil {
-		t.Fatal(err)
-	}
+	updateWithRetry(t, tq, func() { tq.Spec.Weight = 3 })
 	eventually(t, "tenant observedGeneration", func() error {
 		get(t, ns, "shared-tenant", tq)
 		if tq.Status.ObservedGeneration != tq.Generation {

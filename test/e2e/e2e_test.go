@@ -20,7 +20,7 @@ func TestDemoScenario(t *testing.T) {
 		WorkDir:          t.TempDir(),
 		BulkJobs:         400,
 		SmallJobs:        5,
-		PremiumJobs:      90,
+		PremiumJobs:      150,
 		InteractiveCalls: 6,
 		MaxTokens:        64,
 		Simulator: framework.SimulatorOptions{
