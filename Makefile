@@ -62,7 +62,7 @@ test: tools verify vet test-unit test-fuzz test-envtest test-helm test-e2e ## Ev
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /controllers -e /test/ -e /internal/kube)
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /controllers -e /test/ -e /internal/kube -e /internal/scheduler)
 
 .PHONY: test-fuzz
 test-fuzz: ## Run every Go fuzz target for a bounded time (FUZZTIME each).
@@ -70,7 +70,7 @@ test-fuzz: ## Run every Go fuzz target for a bounded time (FUZZTIME each).
 
 .PHONY: test-envtest
 test-envtest: tools ## Controller, status writer and CRD validation tests on a real kube-apiserver + etcd.
-	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./test/cel/...
+	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./test/cel/...
 
 .PHONY: test-helm
 test-helm: tools ## helm lint and helm template of the chart with default and non-default values.
