@@ -53,6 +53,14 @@ func TestDemoScenario(t *testing.T) {
 	if min := o.BulkJobs / 2; out.BulkRemainingWhenSmallDone < min {
 		t.Errorf("when small finished, %d bulk jobs remained; want at least %d", out.BulkRemainingWhenSmallDone, min)
 	}
+	// Interleaved, not first-in-first-out: small's jobs run within the next rounds after
+	// it enqueued them, not after the import's backlog.
+	if n := len(out.SmallPositions); n != o.SmallJobs {
+		t.Errorf("small has %d dispatched jobs, want %d", n, o.SmallJobs)
+	} else if last := out.SmallPositions[n-1] - int64(out.SmallEnqueuedAfter); last > 60 {
+		t.Errorf("small's last job was dispatched %d positions after small enqueued (positions %v, %d dispatched before); want at most 60",
+			last, out.SmallPositions, out.SmallEnqueuedAfter)
+	}
 	// Weight 3 gets about 3x the tokens of weight 1 while both are backlogged.
 	if r := out.PremiumToBulkRatio; r < 2.5 || r > 3.5 {
 		t.Errorf("premium/bulk token ratio while both backlogged = %.2f, want 3 +- 0.5", r)

@@ -71,10 +71,12 @@ type Outcome struct {
 	Tenants map[string]*TenantOutcome
 	// SmallPositions are the dispatch positions (1-based, pool-wide) of small's jobs.
 	SmallPositions []int64
-	// SmallJobsAheadOfImport counts bulk jobs still queued when small's last job finished.
+	// SmallEnqueuedAfter is the number of jobs dispatched before small enqueued its first.
+	SmallEnqueuedAfter int
+	// BulkRemainingWhenSmallDone counts bulk jobs not yet finished when small's last job finished.
 	BulkRemainingWhenSmallDone int
 	// PremiumToBulkRatio is premium's weighted tokens over bulk's among the jobs dispatched
-	// while both were backlogged (up to premium's last dispatch).
+	// while both had jobs waiting in the queue.
 	PremiumToBulkRatio float64
 	// Upstream429 is the count of 429s the simulator sent.
 	Upstream429 int64
@@ -268,7 +270,7 @@ func (r *run) drive(ctx context.Context) error {
 		n    int
 	}{{"small", r.o.SmallJobs}, {"premium", r.o.PremiumJobs}} {
 		wg.Add(2)
-		go func() { defer wg.Done(); errs <- r.submit(ctx, t.name, t.n, 4) }()
+		go func() { defer wg.Done(); errs <- r.submit(ctx, t.name, t.n, 8) }()
 		go func() { defer wg.Done(); r.interactive(ctx, t.name, r.o.InteractiveCalls) }()
 	}
 	progressDone := make(chan struct{})
@@ -356,6 +358,8 @@ type Job struct {
 	Tenant      string     `json:"tenant"`
 	Status      string     `json:"status"`
 	DispatchSeq int64      `json:"dispatch_seq"`
+	CreatedAt   *time.Time `json:"created_at"`
+	StartedAt   *time.Time `json:"started_at"`
 	FinishedAt  *time.Time `json:"finished_at"`
 	Usage       *struct {
 		PromptTokens     int64 `json:"prompt_tokens"`
@@ -405,6 +409,57 @@ func (r *run) listAll(ctx context.Context, tenant string) ([]Job, error) {
 		}
 		after = page[len(page)-1].ID
 	}
+}
+
+// dispatchedBefore counts the jobs of every tenant started before the first of
+// tenant's jobs was created.
+func dispatchedBefore(all map[string][]Job, tenant []Job) int {
+	var first time.Time
+	for _, j := range tenant {
+		if j.CreatedAt != nil && (first.IsZero() || j.CreatedAt.Before(first)) {
+			first = *j.CreatedAt
+		}
+	}
+	n := 0
+	for _, js := range all {
+		for _, j := range js {
+			if j.StartedAt != nil && j.StartedAt.Before(first) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// backloggedRatio is a's weighted tokens over b's, counting only the jobs
+// dispatched while both a and b had other jobs waiting in the queue: the
+// share the fair queue gave them under contention.
+func backloggedRatio(a, b []Job) float64 {
+	waiting := func(js []Job, self Job, t time.Time) bool {
+		for _, j := range js {
+			if j.ID != self.ID && j.CreatedAt != nil && j.StartedAt != nil && !j.CreatedAt.After(t) && j.StartedAt.After(t) {
+				return true
+			}
+		}
+		return false
+	}
+	sum := func(js []Job, other []Job) int64 {
+		var n int64
+		for _, j := range js {
+			if j.StartedAt == nil || j.Usage == nil {
+				continue
+			}
+			if waiting(js, j, *j.StartedAt) && waiting(other, j, *j.StartedAt) {
+				n += j.Usage.PromptTokens*inputWeight + j.Usage.CompletionTokens*outputWeight
+			}
+		}
+		return n
+	}
+	sa, sb := sum(a, b), sum(b, a)
+	if sb == 0 {
+		return 0
+	}
+	return float64(sa) / float64(sb)
 }
 
 // Output-token weight of the sample pool's cost model (the API default).
@@ -464,20 +519,8 @@ func (r *run) collect(ctx context.Context) error {
 			r.outcome.BulkRemainingWhenSmallDone++
 		}
 	}
-	// Premium vs bulk while both were backlogged: jobs dispatched from premium's first to
-	// its last dispatch.
-	lo, hi := r.outcome.Tenants["premium"].FirstDispatch, r.outcome.Tenants["premium"].LastDispatch
-	var prem, bulk int64
-	for t, acc := range map[string]*int64{"premium": &prem, "bulk": &bulk} {
-		for _, j := range jobs[t] {
-			if j.DispatchSeq >= lo && j.DispatchSeq <= hi && j.Usage != nil {
-				*acc += j.Usage.PromptTokens*inputWeight + j.Usage.CompletionTokens*outputWeight
-			}
-		}
-	}
-	if bulk > 0 {
-		r.outcome.PremiumToBulkRatio = float64(prem) / float64(bulk)
-	}
+	r.outcome.SmallEnqueuedAfter = dispatchedBefore(jobs, jobs["small"])
+	r.outcome.PremiumToBulkRatio = backloggedRatio(jobs["premium"], jobs["bulk"])
 	var stats struct {
 		Throttled int64 `json:"throttled"`
 	}
@@ -502,7 +545,8 @@ func (o *Outcome) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-8s %9d %9d %8d %7d %14d %6.1f%% %5d ok/%d rej\n", t, to.Submitted, to.Succeeded, to.Expired, to.Failed,
 			to.WeightedTokens, 100*to.Share, to.InteractiveOK, to.InteractiveRejected)
 	}
-	fmt.Fprintf(w, "small's jobs were dispatched at positions %v of the pool's dispatch order\n", o.SmallPositions)
+	fmt.Fprintf(w, "small enqueued when %d jobs had been dispatched; its jobs were dispatched at positions %v of the pool's dispatch order\n",
+		o.SmallEnqueuedAfter, o.SmallPositions)
 	fmt.Fprintf(w, "when small's last job finished, %d of bulk's jobs were still to finish\n", o.BulkRemainingWhenSmallDone)
 	fmt.Fprintf(w, "premium (weight 3) got %.2fx the tokens of bulk (weight 1) while both were backlogged\n", o.PremiumToBulkRatio)
 	fmt.Fprintf(w, "upstream 429s from the provider: %d\n", o.Upstream429)
