@@ -261,6 +261,7 @@ func (r *run) drive(ctx context.Context) error {
 	if err := r.submit(ctx, "bulk", r.o.BulkJobs, 16); err != nil {
 		return err
 	}
+	r.waitForPacing(ctx)
 	fmt.Fprintf(r.out, "==> small enqueues %d jobs and premium %d jobs after the import; both make %d interactive calls\n",
 		r.o.SmallJobs, r.o.PremiumJobs, r.o.InteractiveCalls)
 	var wg sync.WaitGroup
@@ -289,6 +290,27 @@ func (r *run) drive(ctx context.Context) error {
 	}
 	r.outcome.Duration = time.Since(r.start)
 	return r.collect(ctx)
+}
+
+// waitForPacing waits (at most a minute) until the import has spent the provider's
+// initial burst, so that small and premium arrive while the throttle paces the pool
+// and every tenant's jobs wait their turn: the pool's remainingTokens (written by the
+// scheduler from the provider's headers) falls below 30% of the model's limit.
+func (r *run) waitForPacing(ctx context.Context) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var pool quotav1alpha1.ProviderPool
+		if err := r.env.CP.Client.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: r.env.Pool}, &pool); err == nil {
+			for _, m := range pool.Status.Models {
+				if m.RemainingTokens != nil && m.LimitTokens != nil && *m.RemainingTokens*100 < *m.LimitTokens*30 {
+					fmt.Fprintf(r.out, "==> the import has spent the provider's burst (%d of %d tokens left): the throttle paces the pool now\n",
+						*m.RemainingTokens, *m.LimitTokens)
+					return
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // progress prints a line per ProgressEvery and kubectl output per KubectlEvery until every
