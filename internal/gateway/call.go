@@ -20,6 +20,7 @@ type call struct {
 	tenant *registry.Tenant
 	model  *registry.Model
 	res    *limiter.Reservation
+	budget *registry.BudgetReservation
 	permit throttle.Permit
 	once   sync.Once
 }
@@ -39,25 +40,37 @@ const (
 	// settleThrottled cancels the reservation after an upstream 429; the
 	// caller has already called OnTooManyRequests.
 	settleThrottled
+	// settleRejected cancels the reservation of a call the provider refused
+	// as too large for its limit (BC-10): the provider counted no tokens, so
+	// the throttle is told 0 were used and the model is not paused.
+	settleRejected
 )
 
-// admit runs admission for a call of prompt + maxOut tokens: the tenant's
-// budget, its limiter (charge prompt + max output, seed 002 section 3), an
-// upstream concurrency slot, the model's throttle with priority p (batch
-// priority for a call admitted over a soft limit). A refusal
-// after the limiter charged cancels the reservation (full refund, BC-22).
+// admit runs admission for a call of prompt + maxOut tokens: the model's
+// provider token limit (a call above it can never succeed: 413
+// request_too_large, BC-10), the tenant's budget (a reservation of the
+// weighted cost, BC-20), its limiter (charge prompt + max output, seed 002
+// section 3), an upstream concurrency slot, the model's throttle with
+// priority p (batch priority for a call admitted over a soft limit). A
+// refusal after a charge gives it back in full (BC-22).
 func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority) (*call, *apiError) {
 	cost := pool.CostModel.Cost(prompt, maxOut)
-	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
+	if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
+		return nil, providerTooLargeError(m.Name, cost.ProviderTokens, lim)
+	}
+	br, ok, resetIn, st := t.ReserveBudget(now, cost.Weighted)
+	if !ok {
 		return nil, budgetError(resetIn, st)
 	}
 	res, rej := t.Limiter.Admit(now, cost)
 	if rej != nil {
+		br.Settle(now, 0)
 		return nil, rejectionError(rej)
 	}
 	g.metrics.ChargedTokens.WithLabelValues(t.ID).Add(float64(cost.Weighted))
 	if !g.tryAcquire() {
 		g.refunded(t, res.Cancel(now))
+		br.Settle(now, 0)
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolConcurrency,
 			retryAfter: time.Second, retryable: true, message: "The pool has too many calls in flight to the provider. Retry in 1s."}
 	}
@@ -69,10 +82,11 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 	permit, ok, wait := m.Throttle.TryStart(now, cost.ProviderTokens, p)
 	if !ok {
 		g.refunded(t, res.Cancel(now))
+		br.Settle(now, 0)
 		g.releaseQuiet()
 		return nil, upstreamQuotaError(wait)
 	}
-	return &call{g: g, tenant: t, model: m, res: res, permit: permit}, nil
+	return &call{g: g, tenant: t, model: m, res: res, budget: br, permit: permit}, nil
 }
 
 func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {
@@ -96,9 +110,14 @@ func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
 			c.model.Throttle.Done(now, c.permit, 0, false)
 		case settleThrottled:
 			s = c.res.Cancel(now)
+		case settleRejected:
+			s = c.res.Cancel(now)
+			c.model.Throttle.Done(now, c.permit, 0, true)
 		}
 		g.refunded(c.tenant, s)
-		c.tenant.AddUsed(now, s.UsedWeighted)
+		// The budget reservation settles to the same use as the limiter
+		// (the charge, refunded to the actual usage), exactly once.
+		c.budget.Settle(now, s.UsedWeighted)
 		g.release()
 	})
 	return s

@@ -61,6 +61,18 @@ type dispatcher struct {
 	mu      sync.Mutex
 	retries map[string]retry
 
+	// held counts, per tenant, the jobs the loop has taken out of the fair
+	// queue and not yet sent, finished or put back; guarded by the queue
+	// lock (read and written only inside Registry.WithQueue). They still
+	// count toward the tenant's queue bound: a submission that found the
+	// slot of a dequeued job free would otherwise push the tenant over its
+	// bound when the job is put back (Requeue ignores bounds).
+	held map[string]int
+
+	// dequeuedHook, when set (tests), runs in the loop right after a job is
+	// taken out of the queue, before it is started; no lock is held.
+	dequeuedHook atomic.Pointer[func(*fairqueue.Job)]
+
 	// blocked: model -> time until which its throttle refuses batch starts
 	// (paused after a 429, or at the reserve). Only the loop goroutine uses
 	// it; it spares a Dequeue/Requeue per pass while a model is paused.
@@ -68,7 +80,24 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, blocked: map[string]time.Time{}}
+	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, blocked: map[string]time.Time{}}
+}
+
+// unholdLocked releases the bound slot of one job of tenant taken out by
+// the loop; the queue lock must be held.
+func (d *dispatcher) unholdLocked(tenant string) {
+	if d.held[tenant] <= 1 {
+		delete(d.held, tenant)
+		return
+	}
+	d.held[tenant]--
+}
+
+// queuedLocked is the number of the tenant's jobs that count toward its
+// queue bound: queued plus taken out by the loop and not yet sent. The
+// queue lock must be held.
+func (d *dispatcher) queuedLocked(q *fairqueue.Queue, tenant string) int {
+	return q.Len(tenant) + d.held[tenant]
 }
 
 // wake asks the loop for a pass (non-blocking, coalesced).
@@ -210,10 +239,16 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 		var next *fairqueue.Job
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			next, expired = q.Dequeue(now, eligible)
+			if next != nil {
+				d.held[next.Tenant]++ // released by start
+			}
 			for _, o := range out {
 				q.Cancel(o.job.ID)
 			}
 		})
+		if h := d.dequeuedHook.Load(); h != nil && next != nil {
+			(*h)(next)
+		}
 		d.expire(now, expired)
 		for _, o := range out {
 			d.finish(now, o.job.ID, o.job.Tenant, o.status, o.err)
@@ -251,7 +286,22 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job) (time.Duration, bool) {
 	g := d.g
 	qd := fj.Value.(*queued)
-	requeue := func() { g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) }) }
+	// The job holds its tenant's bound slot until it is sent, finished or
+	// put back (put back and released under one lock, so a submission never
+	// sees the slot free in between).
+	held := true
+	defer func() {
+		if held {
+			g.reg.WithQueue(func(*fairqueue.Queue) { d.unholdLocked(fj.Tenant) })
+		}
+	}()
+	requeue := func() {
+		held = false
+		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			q.Requeue(fj)
+			d.unholdLocked(fj.Tenant)
+		})
+	}
 	// BC-37: the deadline is re-checked at dispatch; a late job is not sent.
 	if !now.Before(fj.Deadline) {
 		d.expire(now, []*fairqueue.Job{fj})
@@ -342,6 +392,18 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	defer resp.Body.Close()
 	g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, strconv.Itoa(resp.StatusCode)).Inc()
 	q := throttle.ParseHeaders(resp.Header, now)
+	c.model.ObserveTokenLimit(q.Tokens.Limit)
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
+		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if lim, ok := upstreamTooLarge(resp.StatusCode, q, eb); ok {
+			// Larger than the provider's limit: retrying it unchanged can
+			// never succeed, and it is no reason to pause the model (BC-10).
+			g.providerRefusedTooLarge(now, c, q, lim)
+			e := upstreamTooLargeError(c.model.Name, c.model.TokenLimit())
+			d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}, jsonOrNil(eb), nil)
+			return
+		}
+	}
 	if resp.StatusCode == http.StatusTooManyRequests {
 		// Pause the model, put the job back at its tenant's head without
 		// charging it (the reservation is cancelled).

@@ -68,6 +68,9 @@ type apiError struct {
 	retryAfter time.Duration
 	retryable  bool
 	dim        *quotaDim
+	// providerLimit: a 413 request_too_large against the provider's limit
+	// of the model rather than one of the tenant's limits.
+	providerLimit bool
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1 (RFC 9110

@@ -19,6 +19,15 @@
 //     reserve alone), and sends it; upstream 429 pauses the model and puts
 //     the job back at its tenant's head, 5xx and timeouts retry with
 //     exponential backoff and jitter until the deadline.
+//   - A request larger than the model's provider token limit can never
+//     succeed (BC-10): it is refused at admission with 413
+//     request_too_large when the limit is known (headers or the pool's
+//     hint), and a provider refusal saying so (413, or a "Request too
+//     large" 429) neither pauses the model nor is retried.
+//   - The tenant's budget is a reservation like the limiter's buckets:
+//     charged at admission, settled to the actual usage (BC-20).
+//   - Only allow-listed client headers reach the provider; the provider key
+//     is the only credential sent.
 //
 // Every admitted call is settled exactly once on every exit path: the
 // limiter reservation is completed from the provider's usage (or cancelled
@@ -213,7 +222,8 @@ func (g *Gateway) releaseQuiet() {
 	g.reg.AddInFlight(-1)
 }
 
-// hopHeaders are not forwarded in either direction (RFC 9110 section 7.6.1).
+// hopHeaders are not copied from provider responses (RFC 9110 section
+// 7.6.1); requests forward only forwardHeaders.
 var hopHeaders = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
 	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
@@ -228,20 +238,35 @@ func providerQuotaHeader(k string) bool {
 		k == "x-ms-retry-after-ms"
 }
 
-// newUpstreamRequest builds the provider request: the client's headers
-// without hop-by-hop fields, the tenant's credentials and the trusted tenant
-// header; the provider key when configured.
+// forwardHeaders are the client request headers passed to the provider:
+// an allow-list, because the provider call carries the pool's provider key
+// and a tenant must not be able to add credentials or select another
+// account (OpenAI-Organization, OpenAI-Project, X-Api-Key, api-key, ...).
+// Accept-Encoding is not forwarded: the gateway reads the response's usage,
+// and Go's transport negotiates and decodes compression itself. Keys are in
+// canonical form (http.CanonicalHeaderKey).
+var forwardHeaders = map[string]bool{
+	"Accept":           true,
+	"User-Agent":       true,
+	"Openai-Beta":      true, // OpenAI-Beta: opt-in API features
+	"Traceparent":      true, // W3C Trace Context
+	"Tracestate":       true,
+	"X-Request-Id":     true,
+	"X-Correlation-Id": true,
+}
+
+// newUpstreamRequest builds the provider request: the allow-listed client
+// headers (forwardHeaders), Content-Type application/json, and
+// Authorization only from the provider key when configured.
 func (g *Gateway) newUpstreamRequest(ctx context.Context, pool *registry.PoolPolicy, path string, body []byte, in http.Header) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(pool.BaseURL, "/")+path, strings.NewReader(string(body)))
 	if err != nil {
 		return nil, err
 	}
 	for k, vs := range in {
-		if hopHeaders[k] || k == "Authorization" || k == "Content-Length" || k == "Host" || k == "Cookie" ||
-			k == "Accept-Encoding" || strings.EqualFold(k, pool.IdentHeader) {
-			continue
+		if ck := http.CanonicalHeaderKey(k); forwardHeaders[ck] {
+			req.Header[ck] = append([]string(nil), vs...)
 		}
-		req.Header[k] = append([]string(nil), vs...)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if g.key != "" {

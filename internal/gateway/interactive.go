@@ -61,7 +61,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	c, aerr := g.admit(g.clock.Now(), t, pool, m, req.promptTokens, req.maxOutput, throttle.Interactive)
 	if aerr != nil {
-		g.refuse(w, t, aerr)
+		g.refuse(w, t, req.explainDefault(aerr, pool))
 		return
 	}
 	// Safety net: a panic or a forgotten path still releases everything.
@@ -102,7 +102,19 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	defer resp.Body.Close()
 	g.metrics.UpstreamResponses.WithLabelValues(m.Name, strconv.Itoa(resp.StatusCode)).Inc()
 	q := throttle.ParseHeaders(resp.Header, now)
+	m.ObserveTokenLimit(q.Tokens.Limit)
 
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
+		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if lim, ok := upstreamTooLarge(resp.StatusCode, q, eb); ok {
+			// The request exceeds the provider's limit: not a quota
+			// exhaustion, so the model is not paused for every tenant, and
+			// it is not worth a retry (BC-10).
+			g.providerRefusedTooLarge(now, c, q, lim)
+			g.refuse(w, t, upstreamTooLargeError(m.Name, m.TokenLimit()))
+			return
+		}
+	}
 	if resp.StatusCode == http.StatusTooManyRequests {
 		g.upstreamThrottled(now, c, q)
 		c.settle(settleThrottled, limiter.Usage{})
@@ -143,6 +155,19 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	g.writeUpstream(w, t, resp, b)
 }
 
+// providerRefusedTooLarge records a provider refusal of a call as larger
+// than the model's limit (BC-10): the limit it names is remembered so that
+// the next such request is refused at admission, the figures of the
+// response are observed, and the call is settled with a full refund without
+// pausing the model.
+func (g *Gateway) providerRefusedTooLarge(now time.Time, c *call, q throttle.Quota, limit int64) {
+	c.model.ObserveTokenLimit(limit)
+	if q.Tokens.Known() || q.Requests.Known() {
+		c.model.Throttle.Observe(now, c.permit, q)
+	}
+	c.settle(settleRejected, limiter.Usage{})
+}
+
 // upstreamThrottled records an upstream 429: the model's throttle pauses
 // every start until the provider's Retry-After or reset.
 func (g *Gateway) upstreamThrottled(now time.Time, c *call, q throttle.Quota) {
@@ -169,12 +194,17 @@ func (g *Gateway) writeUpstream(w http.ResponseWriter, t *registry.Tenant, resp 
 }
 
 // proxyStream forwards a server-sent-events stream event by event, flushing
-// each. Admission was decided before the first byte (BC-29). The usage
-// chunk settles the reservation (BC-24); when the gateway injected
+// each. Admission was decided before the first byte (BC-29). The stream is
+// settled from the LAST usage it carried (BC-24): OpenAI sends one usage
+// chunk at the end, but vLLM's stream_options.continuous_usage_stats puts a
+// running usage in every chunk, so the first one seen is far below the
+// final count. Settlement happens when the stream ends, before its closing
+// "data: [DONE]" is forwarded (so a client that sends its next request after
+// reading the stream sees the refund). When the gateway injected
 // include_usage the usage-only chunk is not forwarded, since the client did
 // not ask for it. A stream that ends without usage keeps the charge
 // (BC-28a); a client that goes away ends the upstream call and the
-// reservation is settled all the same (BC-23).
+// reservation is settled all the same from the usage seen so far (BC-23).
 func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected bool) {
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
@@ -185,18 +215,18 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 
 	br := bufio.NewReaderSize(resp.Body, 32<<10)
 	var event []byte
-	clientOK, settled := true, false
+	var last limiter.Usage // the latest usage seen (Known false: none)
+	clientOK := true
 	emit := func() {
 		if len(event) == 0 {
 			return
 		}
 		forward := true
 		if u, usageOnly, ok := eventUsage(event); ok {
-			if !settled {
-				c.settle(settleUsage, u)
-				settled = true
-			}
+			last = u
 			forward = !(injected && usageOnly)
+		} else if isDoneEvent(event) {
+			c.settle(settleUsage, last)
 		}
 		if forward && clientOK {
 			if _, err := w.Write(event); err != nil {
@@ -224,14 +254,23 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	if clientOK {
 		emit()
 	}
-	if !settled {
-		c.settle(settleUsage, limiter.Usage{})
-	}
+	c.settle(settleUsage, last) // no-op when settled at [DONE]
 	outcome := metrics.OutcomeOK
 	if !clientOK || r.Context().Err() != nil {
 		outcome = metrics.OutcomeClientGone
 	}
 	g.metrics.Requests.WithLabelValues(c.tenant.ID, outcome).Inc()
+}
+
+// isDoneEvent reports whether an SSE event is the closing "data: [DONE]".
+func isDoneEvent(event []byte) bool {
+	for _, line := range bytes.Split(event, []byte("\n")) {
+		data, found := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+		if found && bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+			return true
+		}
+	}
+	return false
 }
 
 func isBlankLine(line []byte) bool {

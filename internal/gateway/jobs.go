@@ -80,6 +80,41 @@ type submitRequest struct {
 	Metadata        json.RawMessage `json:"metadata"`
 }
 
+// minDeadline is the shortest deadline a job may ask for: 1 ms (a shorter
+// one has passed before the job could be queued).
+const minDeadline = time.Millisecond
+
+// parseSubmit parses the body of POST /v1/jobs field by field, so that a
+// refusal names the field at fault: 400 invalid_json when the body is not a
+// JSON object, 400 invalid_request for an ill-typed endpoint or body, 400
+// invalid_deadline for a deadlineSeconds that is not a number of seconds of
+// at least 0.001.
+func parseSubmit(raw []byte) (submitRequest, *apiError) {
+	var sr submitRequest
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return sr, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
+	}
+	if err := decodeField(fields, "endpoint", &sr.Endpoint); err != nil {
+		return sr, badRequest(codeInvalidEndpoint, "\"endpoint\" must be a string.")
+	}
+	sr.Body = fields["body"]
+	if v, ok := fields["metadata"]; ok {
+		sr.Metadata = v
+	}
+	var d *float64
+	if err := decodeField(fields, "deadlineSeconds", &d); err != nil {
+		return sr, badRequest(codeInvalidDeadline, "\"deadlineSeconds\" must be a number of seconds.")
+	}
+	if d != nil {
+		if math.IsNaN(*d) || *d < minDeadline.Seconds() {
+			return sr, badRequest(codeInvalidDeadline, fmt.Sprintf("\"deadlineSeconds\" must be at least %g seconds.", minDeadline.Seconds()))
+		}
+		sr.DeadlineSeconds = d
+	}
+	return sr, nil
+}
+
 // queued is the fair-queue payload of a job: what the dispatcher needs
 // without a store lookup.
 type queued struct {
@@ -103,9 +138,9 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, t, aerr)
 		return
 	}
-	var sr submitRequest
-	if err := json.Unmarshal(raw, &sr); err != nil {
-		g.refuse(w, t, badRequest(codeInvalidJSON, "The request body is not a valid JSON object."))
+	sr, aerr := parseSubmit(raw)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
 		return
 	}
 	if sr.Endpoint == "" {
@@ -119,8 +154,8 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, t, badRequest(codeInvalidRequest, "metadata must be a JSON object."))
 		return
 	}
-	if len(sr.Body) == 0 {
-		g.refuse(w, t, badRequest(codeInvalidRequest, "The job needs a \"body\" object."))
+	if b := bytes.TrimSpace(sr.Body); len(b) == 0 || b[0] != '{' {
+		g.refuse(w, t, badRequest(codeInvalidRequest, "The job needs a \"body\" object (an OpenAI request)."))
 		return
 	}
 	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool)
@@ -135,20 +170,21 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 	pol := t.Policy()
 	deadline := pol.DefaultDeadline
 	if sr.DeadlineSeconds != nil {
-		d := *sr.DeadlineSeconds
-		if math.IsNaN(d) || d <= 0 {
-			g.refuse(w, t, badRequest(codeInvalidDeadline, "deadlineSeconds must be positive."))
-			return
-		}
 		// A job may only shorten the tenant's default deadline.
-		if d < deadline.Seconds() {
+		if d := *sr.DeadlineSeconds; d < deadline.Seconds() {
 			deadline = time.Duration(d * float64(time.Second))
 		}
 	}
 	now := g.clock.Now()
 	cost := pool.CostModel.Cost(req.promptTokens, req.maxOutput)
+	if m := g.reg.Model(req.model); m != nil {
+		if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
+			g.refuse(w, t, req.explainDefault(providerTooLargeError(req.model, cost.ProviderTokens, lim), pool))
+			return
+		}
+	}
 	if rej := t.Limiter.Check(now, cost); rej != nil && !rej.Retryable {
-		g.refuse(w, t, rejectionError(rej))
+		g.refuse(w, t, req.explainDefault(rejectionError(rej), pool))
 		return
 	}
 	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
@@ -165,6 +201,12 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		// Jobs the dispatcher has taken out and not yet sent still count
+		// (they may be put back, and Requeue ignores bounds).
+		if n := g.dispatch.queuedLocked(q, t.ID); n >= pol.MaxQueued {
+			err = fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
+			return
+		}
 		err = q.Enqueue(now, &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
 			Value: &queued{model: req.model, cost: cost}})
 	})
@@ -182,8 +224,10 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, fairqueue.ErrPoolFull):
 			g.refuse(w, t, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolQueueFull,
 				retryAfter: time.Second, retryable: true, message: "The pool's job queue is full. Retry in 1s."})
+		case errors.Is(err, fairqueue.ErrExpired):
+			g.refuse(w, t, badRequest(codeInvalidDeadline, "deadlineSeconds is too short: the job's deadline has already passed."))
 		default:
-			g.refuse(w, t, badRequest(codeInvalidRequest, "The job could not be queued: "+err.Error()))
+			g.refuse(w, t, badRequest(codeInvalidRequest, "The job could not be queued."))
 		}
 		return
 	}

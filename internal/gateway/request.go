@@ -61,8 +61,11 @@ type request struct {
 	// promptTokens estimated with cl100k_base; maxOutput is the output
 	// reservation (BC-28b/c), times n choices.
 	promptTokens, maxOutput int64
-	fields                  map[string]json.RawMessage
-	body                    []byte
+	// defaultMaxOutput: the request set no max output, so the pool's
+	// defaultMaxOutputTokens was charged (BC-28c).
+	defaultMaxOutput bool
+	fields           map[string]json.RawMessage
+	body             []byte
 }
 
 // readBody reads at most limit bytes of the request body: 413
@@ -139,16 +142,43 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 			req.maxOutput = *maxCompletion
 		default:
 			req.maxOutput = pool.DefaultMaxOutputTokens
+			req.defaultMaxOutput = true
 		}
 		var n *int64
 		if decodeField(req.fields, "n", &n) != nil || (n != nil && *n < 1) {
 			return nil, badRequest(codeInvalidRequest, "\"n\" must be a positive integer.")
 		}
-		if n != nil && *n > 1 {
-			req.maxOutput *= min(*n, 128)
+		choices := int64(1)
+		if n != nil {
+			choices = min(*n, 128)
 		}
+		// Bound before multiplying: max output x n must never wrap around
+		// (2^62 x 4 would otherwise be charged as 0 or a few tokens).
+		if req.maxOutput > maxRequestTokens/choices {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeRequestTooLarge,
+				message: fmt.Sprintf("Request too large: max output tokens x n exceeds %d tokens and can never be admitted. Reduce max_tokens or n.", maxRequestTokens)}
+		}
+		req.maxOutput *= choices
 	}
 	return req, nil
+}
+
+// explainDefault adds to a 413 request_too_large refusal of a request that
+// set no max output that the pool's default was charged (BC-28c), and how
+// to get under the limit: set max_tokens, or (when a limit of the tenant
+// tripped, not the provider's) raise the tenant's burst. Other errors are
+// returned as is.
+func (req *request) explainDefault(e *apiError, pool *registry.PoolPolicy) *apiError {
+	if e == nil || e.code != codeRequestTooLarge || !req.defaultMaxOutput {
+		return e
+	}
+	out := *e
+	out.message += fmt.Sprintf(" The pool's default max output of %d tokens was charged because the request set no max_tokens; set max_tokens", pool.DefaultMaxOutputTokens)
+	if !e.providerLimit {
+		out.message += " or raise spec.tokens.burst"
+	}
+	out.message += "."
+	return &out
 }
 
 // decodeField decodes fields[name] into v when present and not null.
@@ -171,6 +201,9 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
 		return 0, errors.New("\"messages\" must be an array of message objects")
+	}
+	if len(msgs) == 0 {
+		return 0, errors.New("\"messages\" must be a non-empty array of message objects")
 	}
 	total := int64(replyPrimingTokens)
 	for i, m := range msgs {

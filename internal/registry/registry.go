@@ -70,7 +70,8 @@ type Tenant struct {
 
 	budgetMu    sync.Mutex
 	budgetStart time.Time
-	budgetUsed  int64
+	budgetUsed  int64 // settled use of the period
+	budgetHeld  int64 // reservations of calls in flight
 }
 
 // Policy returns the tenant's policy in force (do not modify it).
@@ -88,8 +89,10 @@ func (t *Tenant) AddExpired() { t.expired.Add(1) }
 // AddRejection counts one request or job refused by a limit.
 func (t *Tenant) AddRejection() { t.rejections.Add(1) }
 
-// AddUsed records weighted tokens spent at now (a settlement's
-// UsedWeighted): the tokensUsed figure and the budget of the current period.
+// AddUsed records weighted tokens spent at now outside a budget
+// reservation: the tokensUsed figure and the budget of the current period.
+// Calls admitted through ReserveBudget settle with BudgetReservation.Settle
+// instead (never both).
 func (t *Tenant) AddUsed(now time.Time, weighted int64) {
 	if weighted <= 0 {
 		return
@@ -99,6 +102,72 @@ func (t *Tenant) AddUsed(now time.Time, weighted int64) {
 	t.rollBudgetLocked(now)
 	t.budgetUsed += weighted
 	t.budgetMu.Unlock()
+}
+
+// BudgetReservation is the weighted-token charge a call holds against its
+// tenant's budget between admission and completion (BC-20: the budget is
+// charged atomically at admission, like the limiter, so concurrent calls
+// cannot all pass a check before any of them is counted). Settle it exactly
+// once; later calls are no-ops; nil is a no-op.
+type BudgetReservation struct {
+	t        *Tenant
+	start    time.Time // the period the charge belongs to
+	weighted int64     // weighted tokens held
+	settled  atomic.Bool
+}
+
+// ReserveBudget charges weighted tokens against the tenant's budget at now
+// when they fit the remaining budget of the current period (settled use plus
+// the reservations of calls in flight). It returns the reservation, or ok
+// false with the time until the period resets (the Retry-After of 429
+// budget_exhausted) and the budget figures. A tenant without a budget always
+// gets a reservation (which holds nothing). Source: brief "data plane
+// contract" (budget_exhausted), BC-20.
+func (t *Tenant) ReserveBudget(now time.Time, weighted int64) (r *BudgetReservation, ok bool, resetIn time.Duration, st BudgetStatus) {
+	weighted = max(weighted, 0)
+	b := t.Policy().Budget
+	t.budgetMu.Lock()
+	defer t.budgetMu.Unlock()
+	t.rollBudgetLocked(now)
+	if b == nil {
+		// Nothing held; the use is still counted in the period, as AddUsed
+		// does, so that a budget added later sees the period's spend.
+		return &BudgetReservation{t: t, start: t.budgetStart}, true, 0, BudgetStatus{}
+	}
+	st = t.budgetStatusLocked(b)
+	if weighted > st.Remaining {
+		return nil, false, st.ResetTime.Sub(now), st
+	}
+	t.budgetHeld += weighted
+	st = t.budgetStatusLocked(b)
+	return &BudgetReservation{t: t, start: t.budgetStart, weighted: weighted}, true, 0, st
+}
+
+// Settle replaces the reservation by usedWeighted, the weighted tokens the
+// call actually cost (0 for a call the provider did not process: a full
+// refund), at now. The difference is given back to (or, for a call that
+// cost more than reserved, taken from) the budget of the period the
+// reservation was made in; when that period has ended, the reservation is
+// dropped with it and the use is not moved into the new period (BC-23: a
+// refund never lands in the wrong window). tokensUsed grows by usedWeighted
+// either way. Settle is idempotent: only the first call counts.
+func (r *BudgetReservation) Settle(now time.Time, usedWeighted int64) {
+	if r == nil || r.t == nil || !r.settled.CompareAndSwap(false, true) {
+		return
+	}
+	t := r.t
+	usedWeighted = max(usedWeighted, 0)
+	if usedWeighted > 0 {
+		t.tokensUsed.Add(usedWeighted)
+	}
+	t.budgetMu.Lock()
+	defer t.budgetMu.Unlock()
+	t.rollBudgetLocked(now)
+	if !t.budgetStart.Equal(r.start) {
+		return // reset since (the period roll cleared what was held)
+	}
+	t.budgetHeld = max(t.budgetHeld-r.weighted, 0)
+	t.budgetUsed += usedWeighted
 }
 
 // periodStart returns the start of the UTC calendar period holding now.
@@ -124,14 +193,26 @@ func (t *Tenant) rollBudgetLocked(now time.Time) {
 		period = b.Period
 	}
 	if s := periodStart(now, period); !s.Equal(t.budgetStart) {
-		t.budgetStart, t.budgetUsed = s, 0
+		t.budgetStart, t.budgetUsed, t.budgetHeld = s, 0, 0
 	}
 }
 
-// BudgetStatus is the spend of the current budget period, in weighted tokens.
+func (t *Tenant) budgetStatusLocked(b *BudgetPolicy) BudgetStatus {
+	return BudgetStatus{
+		Used:      t.budgetUsed,
+		Reserved:  t.budgetHeld,
+		Remaining: max(0, b.WeightedTokens-t.budgetUsed-t.budgetHeld),
+		ResetTime: periodEnd(t.budgetStart, b.Period),
+	}
+}
+
+// BudgetStatus is the spend of the current budget period, in weighted
+// tokens: Used by settled calls, Reserved by calls in flight (their
+// admission charge, BC-20), Remaining = budget - Used - Reserved (never
+// negative), and the instant the period resets.
 type BudgetStatus struct {
-	Used, Remaining int64
-	ResetTime       time.Time
+	Used, Reserved, Remaining int64
+	ResetTime                 time.Time
 }
 
 // Budget returns the tenant's budget figures at now, or ok false when the
@@ -144,16 +225,15 @@ func (t *Tenant) Budget(now time.Time) (BudgetStatus, bool) {
 	t.budgetMu.Lock()
 	defer t.budgetMu.Unlock()
 	t.rollBudgetLocked(now)
-	return BudgetStatus{
-		Used:      t.budgetUsed,
-		Remaining: max(0, b.WeightedTokens-t.budgetUsed),
-		ResetTime: periodEnd(t.budgetStart, b.Period),
-	}, true
+	return t.budgetStatusLocked(b), true
 }
 
 // CheckBudget reports whether a request of weighted tokens fits the
-// tenant's remaining budget at now; when it does not, it returns the time
-// until the period resets (the Retry-After of 429 budget_exhausted).
+// tenant's remaining budget at now (settled use and in-flight reservations
+// both count); when it does not, it returns the time until the period
+// resets (the Retry-After of 429 budget_exhausted). It charges nothing: the
+// dispatcher's eligibility test and job submission use it, admission uses
+// ReserveBudget.
 func (t *Tenant) CheckBudget(now time.Time, weighted int64) (ok bool, resetIn time.Duration, st BudgetStatus) {
 	st, has := t.Budget(now)
 	if !has || weighted <= st.Remaining {
@@ -170,10 +250,36 @@ type Model struct {
 	Throttle *throttle.Throttle
 
 	throttled atomic.Int64
+	// tokensHint is the ProviderPool's tokensPerMinute hint; hdrTokens the
+	// provider's token limit from its last response headers or refusal
+	// (0 unknown), in provider tokens.
+	tokensHint, hdrTokens atomic.Int64
 }
 
 // AddThrottled counts one upstream 429 for the model.
 func (m *Model) AddThrottled() { m.throttled.Add(1) }
+
+// TokenLimit returns the provider's token limit of the model, in provider
+// tokens per minute: the limit from the provider's headers when seen, else
+// the ProviderPool's tokensPerMinute hint, else 0 (unknown). A request whose
+// prompt + max output exceeds it can never succeed (the provider answers
+// "Request too large", BC-10).
+func (m *Model) TokenLimit() int64 {
+	if n := m.hdrTokens.Load(); n > 0 {
+		return n
+	}
+	return m.tokensHint.Load()
+}
+
+// ObserveTokenLimit records the provider's token limit of the model, in
+// provider tokens per minute (x-ratelimit-limit-tokens and equivalents, or
+// the limit named by a "Request too large" refusal). Values <= 0 are
+// ignored.
+func (m *Model) ObserveTokenLimit(limit int64) {
+	if limit > 0 {
+		m.hdrTokens.Store(limit)
+	}
+}
 
 // objectState is what the registry knows of one TenantQuota object.
 type objectState struct {
@@ -272,9 +378,12 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 		live[m.Name] = true
 		if cur, ok := r.models[m.Name]; ok {
 			cur.Throttle.Reconfigure(now, throttleConfig(&p, m))
+			cur.tokensHint.Store(max(m.TokensPerMinute, 0))
 			continue
 		}
-		r.models[m.Name] = &Model{Name: m.Name, Throttle: throttle.New(throttleConfig(&p, m), now)}
+		nm := &Model{Name: m.Name, Throttle: throttle.New(throttleConfig(&p, m), now)}
+		nm.tokensHint.Store(max(m.TokensPerMinute, 0))
+		r.models[m.Name] = nm
 	}
 	for name := range r.models {
 		if !live[name] {

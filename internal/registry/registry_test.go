@@ -161,3 +161,38 @@ func TestBudget(t *testing.T) {
 		t.Errorf("next day: ok %v %+v, want a fresh budget", ok, st)
 	}
 }
+
+// TestBudgetReservation (BC-20, BC-23): ReserveBudget charges at once, so a
+// second reservation sees the first; Settle replaces the charge by the
+// actual use exactly once; a reservation settled after its period ended
+// does not touch the new period.
+func TestBudgetReservation(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.UpsertTenant(TenantPolicy{ID: "a", Budget: &BudgetPolicy{WeightedTokens: 1000, Period: BudgetDay}})
+	tn := r.Tenant("a")
+	now := t0.Add(time.Hour)
+	r1, ok, _, st := tn.ReserveBudget(now, 600)
+	if !ok || st != (BudgetStatus{Used: 0, Reserved: 600, Remaining: 400, ResetTime: t0.AddDate(0, 0, 1)}) {
+		t.Fatalf("first reservation: ok %v %+v", ok, st)
+	}
+	if _, ok, resetIn, _ := tn.ReserveBudget(now, 401); ok || resetIn != 23*time.Hour {
+		t.Fatalf("401 beside 600 held: ok %v, reset in %v; want refused, 23h", ok, resetIn)
+	}
+	r2, ok, _, _ := tn.ReserveBudget(now, 400)
+	if !ok {
+		t.Fatal("400 beside 600 held refused")
+	}
+	r1.Settle(now, 250)
+	r1.Settle(now, 0) // no-op
+	if st, _ := tn.Budget(now); st.Used != 250 || st.Reserved != 400 || st.Remaining != 350 {
+		t.Errorf("after settling 250 of 600: %+v, want used 250, reserved 400, remaining 350", st)
+	}
+	next := t0.AddDate(0, 0, 1).Add(time.Minute)
+	r2.Settle(next, 400)
+	if st, _ := tn.Budget(next); st.Used != 0 || st.Reserved != 0 || st.Remaining != 1000 {
+		t.Errorf("next day after a late settlement: %+v, want a fresh budget", st)
+	}
+	if got := r.Snapshot(next).Tenants[0].TokensUsed; got != 650 {
+		t.Errorf("tokensUsed = %d, want 650", got)
+	}
+}

@@ -437,6 +437,7 @@ type Throttle struct {
 	lastInteractive time.Time
 	probing         bool
 	probeAt         time.Time
+	probeSeq        uint64 // the permit of the probe in flight
 	dialect         string
 }
 
@@ -533,7 +534,6 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 			}
 			return Permit{}, false, w
 		}
-		t.probing, t.probeAt = true, now
 	}
 	at := now
 	if at.Before(t.lastAt) {
@@ -541,6 +541,9 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 	}
 	t.lastAt = at
 	t.seq++
+	if probe {
+		t.probing, t.probeAt, t.probeSeq = true, now, t.seq
+	}
 	for i := range t.dims {
 		t.dims[i].record(t.seq, at, costs[i])
 	}
@@ -555,7 +558,7 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.probing = false
+	t.endProbe(p)
 	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
 		t.dialect = q.Dialect
 	}
@@ -580,7 +583,7 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.probing = false
+	t.endProbe(p)
 	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
 		t.dialect = q.Dialect
 	}
@@ -622,7 +625,7 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.probing = false
+	t.endProbe(p)
 	if p.seq == 0 {
 		return
 	}
@@ -641,6 +644,16 @@ func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok 
 	}
 	if i := d.firstAfterSeq(p.seq - 1); i < d.log.len() && d.log.at(i).seq == p.seq {
 		d.log.at(i).pending = max(actualProviderTokens, 0)
+	}
+}
+
+// endProbe ends the probe in flight when p is its permit. The outcome of
+// another call (one started before the probe, or before a probe that timed
+// out and was replaced) says nothing about the probe and must not let a
+// second probe start beside it.
+func (t *Throttle) endProbe(p Permit) {
+	if t.probing && p.seq != 0 && p.seq == t.probeSeq {
+		t.probing = false
 	}
 }
 

@@ -521,6 +521,34 @@ func TestThrottle_ProbeSilentAnd429Only(t *testing.T) {
 	})
 }
 
+// TestThrottle_ProbeEndsOnlyWithItsOwnPermit: the outcome of a call other
+// than the probe in flight (a call started while the dimension was silent,
+// or a probe that timed out and was replaced) must not end the probe, or a
+// second probe would start beside it.
+func TestThrottle_ProbeEndsOnlyWithItsOwnPermit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		report func(th *Throttle, now time.Time, p Permit)
+	}{
+		{"Done without usage", func(th *Throttle, now time.Time, p Permit) { th.Done(now, p, 0, false) }},
+		{"OnTooManyRequests with Retry-After 0", func(th *Throttle, now time.Time, p Permit) {
+			th.OnTooManyRequests(now, p, Quota{Tokens: none, Requests: none, HasRetryAfter: true})
+		}},
+	} {
+		t.Run(tc.name+": a replaced probe", func(t *testing.T) {
+			th := New(Config{Rand: fixedRand(0)}, NOW)
+			lost := mustStart(t, th, NOW, 1, Batch) // probe, never reported in time
+			probe := mustStart(t, th, at(probeTimeout), 1, Batch)
+			tc.report(th, at(probeTimeout+time.Second), lost)
+			if wait := mustRefuse(t, th, at(probeTimeout+time.Second), 1, Batch); wait != probeRecheck {
+				t.Fatalf("wait = %v, want %v (the second probe is still in flight)", wait, probeRecheck)
+			}
+			tc.report(th, at(probeTimeout+2*time.Second), probe)
+			mustStart(t, th, at(probeTimeout+2*time.Second), 1, Batch)
+		})
+	}
+}
+
 func TestThrottle_InFlightCallsStaySubtracted(t *testing.T) {
 	th := New(Config{}, NOW)
 	reqs := "x-ratelimit-limit-requests: 1000\nx-ratelimit-remaining-requests: 900\nx-ratelimit-reset-requests: 6s"
