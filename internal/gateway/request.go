@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"sync"
-
-	"github.com/tiktoken-go/tokenizer"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // OpenAI endpoints the gateway serves and proxies.
@@ -21,33 +18,6 @@ const (
 	endpointCompletions = "/v1/completions"
 	endpointEmbeddings  = "/v1/embeddings"
 )
-
-// Prompt token accounting follows OpenAI's published recipe for chat models
-// (openai-cookbook "How to count tokens with tiktoken"): content tokens plus
-// 3 per message, 1 more per message with a name, 3 to prime the reply.
-const (
-	messageOverheadTokens = 3
-	nameOverheadTokens    = 1
-	replyPrimingTokens    = 3
-)
-
-var cl100k = sync.OnceValues(func() (tokenizer.Codec, error) {
-	return tokenizer.Get(tokenizer.Cl100kBase)
-})
-
-// countTokens returns the cl100k_base tokens of s (a real tokenizer,
-// offline; brief "cost model").
-func countTokens(s string) (int64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	enc, err := cl100k()
-	if err != nil {
-		return 0, err
-	}
-	n, err := enc.Count(s)
-	return int64(n), err
-}
 
 // request is a parsed OpenAI request: the fields the gateway reads, and the
 // body as a map of raw fields so that unknown fields pass through unchanged.
@@ -192,10 +162,7 @@ func decodeField(fields map[string]json.RawMessage, name string, v any) error {
 
 // chatPromptTokens estimates the prompt tokens of a chat request's messages.
 func chatPromptTokens(raw json.RawMessage) (int64, error) {
-	var msgs []struct {
-		Name    string          `json:"name"`
-		Content json.RawMessage `json:"content"`
-	}
+	var msgs []tokencount.Message
 	if len(raw) == 0 {
 		return 0, errors.New("the request needs \"messages\"")
 	}
@@ -205,50 +172,7 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 	if len(msgs) == 0 {
 		return 0, errors.New("\"messages\" must be a non-empty array of message objects")
 	}
-	total := int64(replyPrimingTokens)
-	for i, m := range msgs {
-		text, err := contentText(m.Content)
-		if err != nil {
-			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
-		}
-		n, err := countTokens(text)
-		if err != nil {
-			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
-		}
-		total += n + messageOverheadTokens
-		if m.Name != "" {
-			total += nameOverheadTokens
-		}
-	}
-	return total, nil
-}
-
-// contentText is a message content's text: a JSON string, or the "text" of
-// each part of an array of content parts. Null or absent is empty.
-func contentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", nil
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		err := json.Unmarshal(raw, &s)
-		return s, err
-	case '[':
-		var parts []struct {
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", err
-		}
-		var sb strings.Builder
-		for _, p := range parts {
-			sb.WriteString(p.Text)
-		}
-		return sb.String(), nil
-	}
-	return "", errors.New("content must be a string or an array of content parts")
+	return tokencount.Chat(msgs)
 }
 
 // inputTokens estimates the tokens of a completions "prompt" or embeddings
@@ -261,13 +185,13 @@ func inputTokens(raw json.RawMessage) (int64, error) {
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return countTokens(s)
+		return tokencount.Text(s)
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
 		var total int64
 		for _, s := range ss {
-			n, err := countTokens(s)
+			n, err := tokencount.Text(s)
 			if err != nil {
 				return 0, err
 			}

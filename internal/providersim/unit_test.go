@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -98,7 +99,7 @@ func TestPromptTokens(t *testing.T) {
 		msgs []chatMessage
 		want int64
 	}{
-		{"empty", nil, ReplyPrimingTokens},
+		{"empty", nil, tokencount.ReplyPrimingTokens},
 		{"string", []chatMessage{msg("user", "", `"Hello there"`)}, 2 + 3 + 3},
 		{"parts", []chatMessage{msg("user", "", `[{"type":"text","text":"Hello"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":" there"}]`)}, 2 + 3 + 3},
 		{"name and null", []chatMessage{msg("system", "", `"Hello there"`), msg("assistant", "bob", `null`)}, 2 + 3 + 0 + 3 + 1 + 3},

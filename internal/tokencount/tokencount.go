@@ -1,0 +1,110 @@
+// Package tokencount counts prompt tokens offline with a real tokenizer:
+// cl100k_base from github.com/tiktoken-go/tokenizer, following OpenAI's
+// published recipe for chat models (openai-cookbook, "How to count tokens with
+// tiktoken"): every message costs its content tokens plus
+// MessageOverheadTokens, a message with a "name" costs NameOverheadTokens more,
+// and every reply is primed with ReplyPrimingTokens.
+//
+// The gateway uses it to estimate a request's prompt before admission (the
+// estimate is corrected by the provider's usage afterwards: brief "cost
+// model"); the provider simulator uses the same count, so the two agree.
+package tokencount
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/tiktoken-go/tokenizer"
+)
+
+const (
+	// MessageOverheadTokens is added per chat message (role and delimiters), in tokens.
+	MessageOverheadTokens = 3
+	// NameOverheadTokens is added per chat message that carries a "name", in tokens.
+	NameOverheadTokens = 1
+	// ReplyPrimingTokens is added once per chat request for the assistant reply header, in tokens.
+	ReplyPrimingTokens = 3
+)
+
+var cl100k = sync.OnceValues(func() (tokenizer.Codec, error) {
+	return tokenizer.Get(tokenizer.Cl100kBase)
+})
+
+// Text returns the number of cl100k_base tokens in s. It fails only if the
+// embedded vocabulary cannot be loaded.
+func Text(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	enc, err := cl100k()
+	if err != nil {
+		return 0, err
+	}
+	n, err := enc.Count(s)
+	return int64(n), err
+}
+
+// Message is the part of an OpenAI chat message that costs prompt tokens.
+type Message struct {
+	Name    string          `json:"name,omitempty"`
+	Content json.RawMessage `json:"content"`
+}
+
+// Chat returns the prompt tokens of chat messages: content tokens plus the
+// fixed overheads above. It returns an error naming the message whose content
+// is neither a string, an array of content parts, nor null.
+func Chat(msgs []Message) (int64, error) {
+	total := int64(ReplyPrimingTokens)
+	for i, m := range msgs {
+		text, err := ContentText(m.Content)
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
+		}
+		n, err := Text(text)
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].content: %w", i, err)
+		}
+		total += n + MessageOverheadTokens
+		if m.Name != "" {
+			total += NameOverheadTokens
+		}
+	}
+	return total, nil
+}
+
+// ErrContent is returned for message content of another JSON type.
+var ErrContent = errors.New("content must be a string or an array of content parts")
+
+// ContentText extracts the text of a message's content: a JSON string, or the
+// "text" of every part of an array of content parts (other parts, such as
+// images, count nothing). Null or absent content (an assistant message with
+// tool calls) is empty.
+func ContentText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
+	case '[':
+		var parts []struct {
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", err
+		}
+		var sb strings.Builder
+		for _, p := range parts {
+			sb.WriteString(p.Text)
+		}
+		return sb.String(), nil
+	}
+	return "", ErrContent
+}
