@@ -142,6 +142,8 @@ type TenantCredentials struct {
 }
 
 // TenantQuotaSpec is one tenant's plan on a ProviderPool.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.tenantID) == has(oldSelf.tenantID)",message="spec.tenantID is immutable (it cannot be added or removed either)"
 type TenantQuotaSpec struct {
 	// poolRef names the ProviderPool in this namespace. Immutable.
 	// +required

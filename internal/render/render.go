@@ -323,6 +323,11 @@ func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Setting
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(Replicas(pool)),
 			Selector: &metav1.LabelSelector{MatchLabels: SelectorLabels(pool)},
+			// Recreate, never RollingUpdate: the scheduler holds the pool's
+			// queues and buckets in memory, and two schedulers serving at once
+			// during a rollout would each enforce the limits, doubling them
+			// (brief: one active scheduler per pool).
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      Labels(pool),

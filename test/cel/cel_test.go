@@ -222,6 +222,26 @@ func TestImmutableFields(t *testing.T) {
 			}
 		})
 	}
+	// Adding or removing tenantID changes the effective tenant id too.
+	for name, tc := range map[string]struct {
+		create map[string]any
+		mutate func(spec map[string]any)
+	}{
+		"add tenantID":    {validTenant(), func(spec map[string]any) { spec["tenantID"] = "added" }},
+		"remove tenantID": {with(validTenant(), "tenantID", "present"), func(spec map[string]any) { delete(spec, "tenantID") }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obj := object(tqGVK, strings.ToLower(strings.ReplaceAll(name, " ", "-")), tc.create)
+			if err := k8s.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			tc.mutate(obj.Object["spec"].(map[string]any))
+			err := k8s.Update(ctx, obj)
+			if err == nil || !strings.Contains(err.Error(), "spec.tenantID is immutable") {
+				t.Fatalf("got %v, want 'spec.tenantID is immutable'", err)
+			}
+		})
+	}
 	// A mutable field still updates.
 	cur := &unstructured.Unstructured{}
 	cur.SetGroupVersionKind(tqGVK)
