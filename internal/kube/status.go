@@ -113,33 +113,14 @@ func (w *StatusWriter) clock() clock.WithTicker {
 	return w.Clock
 }
 
-// tenantStatus is the scheduler-owned part of TenantQuotaStatus.
-type tenantStatus struct {
-	Conditions      []metav1.Condition     `json:"conditions,omitempty"`
-	Backlog         *int64                 `json:"backlog,omitempty"`
-	InFlight        *int64                 `json:"inFlight,omitempty"`
-	KVBlocksInUse   *int64                 `json:"kvBlocksInUse,omitempty"`
-	TokensRemaining *int64                 `json:"tokensRemaining,omitempty"`
-	CompletedJobs   *int64                 `json:"completedJobs,omitempty"`
-	ExpiredJobs     *int64                 `json:"expiredJobs,omitempty"`
-	Rejections      *int64                 `json:"rejections,omitempty"`
-	TokensUsed      *int64                 `json:"tokensUsed,omitempty"`
-	Budget          *v1alpha1.BudgetStatus `json:"budget,omitempty"`
-	LastReportTime  *metav1.Time           `json:"lastReportTime,omitempty"`
-}
-
-// poolStatus is the scheduler-owned part of ProviderPoolStatus.
-type poolStatus struct {
-	Conditions        []metav1.Condition          `json:"conditions,omitempty"`
-	RemainingTokens   *int64                      `json:"remainingTokens,omitempty"`
-	PausedUntil       *metav1.Time                `json:"pausedUntil,omitempty"`
-	Backlog           *int64                      `json:"backlog,omitempty"`
-	InFlight          *int64                      `json:"inFlight,omitempty"`
-	Tenants           *int64                      `json:"tenants,omitempty"`
-	UpstreamThrottled *int64                      `json:"upstreamThrottled,omitempty"`
-	Models            []v1alpha1.ModelQuotaStatus `json:"models,omitempty"`
-	LastReportTime    *metav1.Time                `json:"lastReportTime,omitempty"`
-}
+// tenantStatus and poolStatus are what the scheduler applies: the API's own
+// status types with only the scheduler-owned fields set. ObservedGeneration
+// belongs to the operator; the scheduler leaves it zero, so it is omitted
+// from the apply and the operator's ownership of it is untouched.
+type (
+	tenantStatus = v1alpha1.TenantQuotaStatus
+	poolStatus   = v1alpha1.ProviderPoolStatus
+)
 
 func ptr(v int64) *int64 { return &v }
 
