@@ -289,6 +289,9 @@ func (r *run) drive(ctx context.Context) error {
 		return fmt.Errorf("workload did not finish in %s", r.o.Timeout)
 	}
 	r.outcome.Duration = time.Since(r.start)
+	if s, err := framework.Kubectl(ctx, r.env.CP.Kubeconfig, "get", "providerpools", "-n", Namespace, "-o", "wide"); err == nil {
+		fmt.Fprintf(r.out, "$ kubectl get providerpools -n %s -o wide\n%s", Namespace, s)
+	}
 	return r.collect(ctx)
 }
 
