@@ -198,10 +198,14 @@ func TestRunEndToEnd(t *testing.T) {
 		s := meta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionServing)
 		return s != nil && s.Status == metav1.ConditionTrue && tq.Status.CompletedJobs != nil && *tq.Status.CompletedJobs == 1
 	})
+	// The pool's status is written in its own report after the tenants'; wait for it.
 	var pool v1alpha1.ProviderPool
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &pool); err != nil {
-		t.Fatal(err)
-	}
+	poll(t, "the pool status", func() bool {
+		if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &pool) != nil {
+			return false
+		}
+		return meta.IsStatusConditionTrue(pool.Status.Conditions, v1alpha1.ConditionServing) && pool.Status.Tenants != nil && *pool.Status.Tenants == 1
+	})
 	managers := map[string]bool{}
 	for _, mf := range pool.ManagedFields {
 		managers[mf.Manager+"/"+mf.Subresource] = true
