@@ -78,6 +78,12 @@ func (j *Job) expiredAt(now time.Time) bool {
 //   - MaxBypass: how many times a head job may be overtaken through Lookahead
 //     before it blocks its tenant until it is dispatched (below 1 means 4),
 //     which bounds the wait of a large job (BC-32).
+//   - DeprioritisedDivisor: a tenant whose job the eligibility test calls
+//     Deprioritised (over a soft limit) receives its quantum divided by this
+//     on that visit (below 1 means DefaultDeprioritisedDivisor), so while it
+//     stays over its limit it gets 1/divisor of its weighted share of a
+//     contended queue (seed 002 section 5, soft limit: "admit but
+//     deprioritise"); alone it still gets everything (work-conserving).
 type Config struct {
 	Quantum                int64
 	MaxTotal               int
@@ -86,7 +92,27 @@ type Config struct {
 	DefaultMaxQueuedTokens int64
 	Lookahead              int
 	MaxBypass              int
+	DeprioritisedDivisor   int64
 }
+
+// DefaultDeprioritisedDivisor is Config.DeprioritisedDivisor's default: a
+// tenant over its soft limit competes with a quarter of its weight.
+const DefaultDeprioritisedDivisor int64 = 4
+
+// Eligibility is an eligibility test's answer for a tenant's job in
+// DequeueWith.
+type Eligibility uint8
+
+const (
+	// Ineligible: the tenant cannot start the job now (a limit binds); it is
+	// passed over without losing its place or deficit.
+	Ineligible Eligibility = iota
+	// Eligible: the tenant may start the job now.
+	Eligible
+	// Deprioritised: the tenant may start the job but is over a soft limit;
+	// its quantum on this visit is divided by Config.DeprioritisedDivisor.
+	Deprioritised
+)
 
 // tenantQ is one tenant's FIFO queue and round-robin state.
 type tenantQ struct {
@@ -105,6 +131,7 @@ type tenantQ struct {
 	prev, next *tenantQ // the round (ring of active tenants)
 	mark       uint64   // pass in which the tenant was last eligible
 	need       int64    // cost of the job it wanted in that pass
+	dep        bool     // deprioritised in that pass
 }
 
 func (t *tenantQ) first() *Job {
@@ -174,6 +201,9 @@ func New(cfg Config) *Queue {
 	if cfg.MaxBypass < 1 {
 		cfg.MaxBypass = 4
 	}
+	if cfg.DeprioritisedDivisor < 1 {
+		cfg.DeprioritisedDivisor = DefaultDeprioritisedDivisor
+	}
 	cfg.Lookahead = max(0, cfg.Lookahead)
 	return &Queue{
 		cfg:     cfg,
@@ -188,6 +218,16 @@ func (q *Queue) weight(t *tenantQ) int64 {
 		return t.weight
 	}
 	return q.cfg.DefaultWeight
+}
+
+// quantum is what t's deficit gains per visit: Quantum * weight, divided by
+// DeprioritisedDivisor (at least 1) while t is deprioritised.
+func (q *Queue) quantum(t *tenantQ) int64 {
+	per := q.cfg.Quantum * q.weight(t)
+	if t.dep {
+		per = max(1, per/q.cfg.DeprioritisedDivisor)
+	}
+	return per
 }
 
 func (q *Queue) tenant(name string) *tenantQ {
@@ -389,6 +429,22 @@ func (q *Queue) advance() {
 // work-conserving: while any tenant is eligible, it returns a job, so a lone
 // eligible tenant gets everything.
 func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) bool) (next *Job, expired []*Job) {
+	if eligible == nil {
+		return q.DequeueWith(now, nil)
+	}
+	return q.DequeueWith(now, func(tenant string, j *Job) Eligibility {
+		if eligible(tenant, j) {
+			return Eligible
+		}
+		return Ineligible
+	})
+}
+
+// DequeueWith is Dequeue with a three-way eligibility test: a tenant whose
+// job is Deprioritised (over a soft limit) may dispatch it, but its deficit
+// grows by its quantum divided by Config.DeprioritisedDivisor on that visit.
+// nil means every tenant is Eligible.
+func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Job) Eligibility) (next *Job, expired []*Job) {
 	q.pass++
 	seen, anyEligible := 0, false
 	// A call that finds no eligible tenant must leave the round as it found
@@ -412,11 +468,11 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 			}
 			continue
 		}
-		if pick := q.pick(t, now, eligible); pick != nil {
+		if pick, el := q.pick(t, now, eligible); pick != nil {
 			anyEligible, everEligible = true, true
-			t.mark, t.need = q.pass, pick.Cost
+			t.mark, t.need, t.dep = q.pass, pick.Cost, el == Deprioritised
 			if !q.granted {
-				t.deficit += q.cfg.Quantum * q.weight(t)
+				t.deficit += q.quantum(t)
 				q.granted = true
 			}
 			if pick.Cost <= t.deficit {
@@ -445,25 +501,30 @@ func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) b
 // pick returns the job tenant t would dispatch now: its head if eligible,
 // else, with Lookahead, the first eligible live job among the next Lookahead
 // ones, unless the head has been bypassed MaxBypass times already.
-func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) bool) *Job {
+func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) Eligibility) (*Job, Eligibility) {
 	head := t.first()
-	if eligible == nil || eligible(t.name, head) {
-		return head
+	if eligible == nil {
+		return head, Eligible
+	}
+	if el := eligible(t.name, head); el != Ineligible {
+		return head, el
 	}
 	if q.cfg.Lookahead == 0 || int(head.bypassed) >= q.cfg.MaxBypass {
-		return nil
+		return nil, Ineligible
 	}
 	j := head.next
 	for range q.cfg.Lookahead {
 		if j == &t.head {
 			break
 		}
-		if !j.expiredAt(now) && eligible(t.name, j) {
-			return j
+		if !j.expiredAt(now) {
+			if el := eligible(t.name, j); el != Ineligible {
+				return j, el
+			}
 		}
 		j = j.next
 	}
-	return nil
+	return nil, Ineligible
 }
 
 // fastForward runs, in one step, the rounds in which every eligible tenant
@@ -479,7 +540,7 @@ func (q *Queue) fastForward() bool {
 	t := q.cur
 	for {
 		if t.mark == q.pass {
-			per := q.cfg.Quantum * q.weight(t)
+			per := q.quantum(t)
 			rounds := (t.need - t.deficit + per - 1) / per
 			k = min(k, max(1, rounds))
 		}
@@ -492,7 +553,7 @@ func (q *Queue) fastForward() bool {
 	}
 	for {
 		if t.mark == q.pass {
-			t.deficit += (k - 1) * q.cfg.Quantum * q.weight(t)
+			t.deficit += (k - 1) * q.quantum(t)
 		}
 		if t = t.next; t == q.cur {
 			break
