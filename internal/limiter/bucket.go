@@ -16,8 +16,9 @@ const tolerance = 1e-6
 // BC-16). Tokens are float64. A bucket may hold debt down to -capacity when
 // actual usage exceeds what was charged (BC-15, BC-29).
 //
-// Bucket is not safe for concurrent use; Tenant guards its buckets with a mutex.
-// The zero Bucket has capacity 0 and never refills.
+// Bucket is not safe for concurrent use. Tenant applies the same rules to its
+// four buckets in a layout of its own (see Tenant). The zero Bucket has
+// capacity 0 and never refills.
 type Bucket struct {
 	capacity float64
 	rate     float64 // tokens per second

@@ -21,6 +21,16 @@
 // forgiven (BC-29); and concurrency and KV blocks are released on every exit
 // path (Complete or Cancel).
 //
+// Under Limits.DryRun (the TenantQuota's DryRun enforcement mode) every
+// decision is computed and nothing is refused: a request Enforce would refuse
+// is admitted with a shadow Reservation that charges nothing and reports the
+// refusal (Reservation.DryRunRejection), so the limiter state, and with it
+// every later decision, is exactly that of the same tenant under Enforce.
+//
+// Admission allocates nothing with Tenant.AdmitInto (the reservation lives in
+// the caller's per-request struct); Tenant.Admit carves reservations from
+// shared slabs. docs/benchmarks.md compares both with golang.org/x/time/rate.
+//
 // Time is always a parameter (now time.Time), in the style of
 // golang.org/x/time/rate, so tests drive a fake clock.
 package limiter

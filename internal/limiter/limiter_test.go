@@ -22,15 +22,19 @@ var ones = CostModel{InputWeight: 1, OutputWeight: 1, KVBlockTokens: 1}
 
 // weighted returns the exact tokens in the tenant's weighted bucket.
 func weighted(t *Tenant, now time.Time) float64 {
+	return tokens(t, dimWeighted, now)
+}
+
+// tokens returns the exact tokens in the tenant's bucket i at now.
+func tokens(t *Tenant, i int, now time.Time) float64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.dims[dimWeighted].b.Tokens(now)
+	t.advance(now.UnixNano())
+	return t.tokens[i]
 }
 
 func requests(t *Tenant, now time.Time) float64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.dims[dimRequests].b.Tokens(now)
+	return tokens(t, dimRequests, now)
 }
 
 func mustAdmit(tb testing.TB, t *Tenant, now time.Time, c Cost) *Reservation {
@@ -142,13 +146,13 @@ func TestBC10_TooLargeIsNotRetryable(t *testing.T) {
 		want Rejection
 	}{
 		{"weighted burst 8000, cost 9000", Limits{WeightedPerMinute: i64(48000)}, ones.Cost(3000, 6000),
-			Rejection{Reason: ReasonTooLarge, Limit: 48000, Remaining: 8000}},
+			Rejection{Reason: ReasonTooLarge, Limit: 48000, Remaining: 8000, Unit: "weighted tokens", Need: 9000, Capacity: 8000}},
 		{"input bucket 100, prompt 101", Limits{InputPerMinute: i64(600)}, ones.Cost(101, 0),
-			Rejection{Reason: ReasonTooLarge, Limit: 600, Remaining: 100}},
+			Rejection{Reason: ReasonTooLarge, Limit: 600, Remaining: 100, Unit: "input tokens", Need: 101, Capacity: 100}},
 		{"output bucket 100, max output 101", Limits{OutputPerMinute: i64(600)}, ones.Cost(0, 101),
-			Rejection{Reason: ReasonTooLarge, Limit: 600, Remaining: 100}},
+			Rejection{Reason: ReasonTooLarge, Limit: 600, Remaining: 100, Unit: "output tokens", Need: 101, Capacity: 100}},
 		{"KV limit 10, 11 blocks", Limits{MaxKVBlocks: i64(10)}, ones.Cost(5, 6),
-			Rejection{Reason: ReasonTooLarge, Limit: 10, Remaining: 10}},
+			Rejection{Reason: ReasonTooLarge, Limit: 10, Remaining: 10, Unit: "KV blocks", Need: 11, Capacity: 10}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -397,7 +401,7 @@ func TestRefusalChargesNothing(t *testing.T) {
 			tn := NewTenant(tc.l, now0)
 			mustAdmit(t, tn, now0, tc.first)
 			tn.mu.Lock()
-			before := tn.dims
+			before := tn.tokens
 			beforeKV := tn.kv
 			tn.mu.Unlock()
 			if got := mustReject(t, tn, now0, tc.second); got.Reason != tc.reason {
@@ -406,8 +410,8 @@ func TestRefusalChargesNothing(t *testing.T) {
 			tn.mu.Lock()
 			defer tn.mu.Unlock()
 			for i := range numDims {
-				if tn.dims[i].b.tokens != before[i].b.tokens {
-					t.Errorf("dimension %d: %v tokens after the refusal, want %v", i, tn.dims[i].b.tokens, before[i].b.tokens)
+				if tn.tokens[i] != before[i] {
+					t.Errorf("dimension %d: %v tokens after the refusal, want %v", i, tn.tokens[i], before[i])
 				}
 			}
 			if tn.inFlight != 1 || tn.kv != beforeKV {
@@ -614,7 +618,7 @@ func TestBC32_OversizedAndZeroLimits(t *testing.T) {
 	}
 	mustAdmit(t, tn, now0, ones.Cost(20, 0))
 	mustAdmit(t, tn, now0, ones.Cost(20, 0))
-	if diff := cmp.Diff(Rejection{Reason: ReasonTooLarge, Limit: 1000, Remaining: 10}, mustReject(t, tn, now0, ones.Cost(1500, 0))); diff != "" {
+	if diff := cmp.Diff(Rejection{Reason: ReasonTooLarge, Limit: 1000, Remaining: 10, Unit: "KV blocks", Need: 1500, Capacity: 1000}, mustReject(t, tn, now0, ones.Cost(1500, 0))); diff != "" {
 		t.Errorf("R4 (-want +got):\n%s", diff)
 	}
 	for name, l := range map[string]Limits{"KV quota 0": {MaxKVBlocks: i64(0)}, "concurrency 0": {MaxConcurrent: i64(0)}} {
@@ -760,5 +764,57 @@ func TestSnapshot(t *testing.T) {
 	unlimited := NewTenant(Limits{}, now0)
 	if diff := cmp.Diff(Snapshot{TokensRemaining: -1, TokensLimitPerMinute: -1, RequestsRemaining: -1}, unlimited.Snapshot(now0)); diff != "" {
 		t.Errorf("unlimited (-want +got):\n%s", diff)
+	}
+}
+
+// TestEligibleReportsSoftOverLimit: Eligible answers like Admit without
+// charging, and says when a soft-limited tenant would be admitted over its
+// token rate (the fair queue deprioritises it then).
+func TestEligibleReportsSoftOverLimit(t *testing.T) {
+	c := DefaultCostModel.Cost(100, 100) // 500 weighted
+	soft := NewTenant(Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(600), Soft: true}, now0)
+	hard := NewTenant(Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(600)}, now0)
+	for _, tc := range []struct {
+		name     string
+		tn       *Tenant
+		ok, over bool
+	}{{"soft, full bucket", soft, true, false}, {"hard, full bucket", hard, true, false}} {
+		if ok, over := tc.tn.Eligible(now0, c); ok != tc.ok || over != tc.over {
+			t.Errorf("%s: Eligible = %v, %v; want %v, %v", tc.name, ok, over, tc.ok, tc.over)
+		}
+	}
+	for _, tn := range []*Tenant{soft, hard} {
+		if _, rej := tn.Admit(now0, c); rej != nil {
+			t.Fatal(rej)
+		}
+	}
+	// 100 left, 500 needed: hard is not eligible, soft is, over its limit.
+	if ok, over := soft.Eligible(now0, c); !ok || !over {
+		t.Errorf("soft at 100 of 500: Eligible = %v, %v; want true, true", ok, over)
+	}
+	if ok, over := hard.Eligible(now0, c); ok || over {
+		t.Errorf("hard at 100 of 500: Eligible = %v, %v; want false, false", ok, over)
+	}
+	if got := soft.Snapshot(now0).TokensRemaining; got != 100 {
+		t.Errorf("Eligible charged: %d left, want 100", got)
+	}
+	dry := NewTenant(Limits{WeightedPerMinute: i64(0), DryRun: true}, now0)
+	if ok, over := dry.Eligible(now0, c); !ok || over {
+		t.Errorf("DryRun suspended: Eligible = %v, %v; want true, false", ok, over)
+	}
+}
+
+// TestTooLargeNamesUnitNeedAndCapacity: a refusal as too large says what
+// did not fit and by how much.
+func TestTooLargeNamesUnitNeedAndCapacity(t *testing.T) {
+	tn := NewTenant(Limits{WeightedPerMinute: i64(48000), WeightedBurst: i64(8000), MaxKVBlocks: i64(1000)}, now0)
+	_, rej := tn.Admit(now0, DefaultCostModel.Cost(3000, 1500)) // 9000 weighted
+	if rej == nil || rej.Reason != ReasonTooLarge || rej.Unit != "weighted tokens" || rej.Need != 9000 || rej.Capacity != 8000 || rej.Retryable {
+		t.Errorf("weighted: %+v", rej)
+	}
+	kvOnly := NewTenant(Limits{MaxKVBlocks: i64(1000)}, now0)
+	_, rej = kvOnly.Admit(now0, CostModel{InputWeight: 1, OutputWeight: 1, KVBlockTokens: 16}.Cost(16000, 16)) // 1001 blocks
+	if rej == nil || rej.Reason != ReasonTooLarge || rej.Unit != "KV blocks" || rej.Need != 1001 || rej.Capacity != 1000 {
+		t.Errorf("KV blocks: %+v", rej)
 	}
 }
