@@ -18,6 +18,23 @@ const (
 	EnforcementSoft EnforcementMode = "Soft"
 )
 
+// Mode says whether a tenant's limits are enforced or only evaluated.
+// +kubebuilder:validation:Enum=Enforce;DryRun
+type Mode string
+
+const (
+	// ModeEnforce applies every limit: a request over a limit is refused
+	// (Hard) or deprioritised (Soft).
+	ModeEnforce Mode = "Enforce"
+	// ModeDryRun computes every decision as Enforce would but refuses
+	// nothing: a request Enforce would refuse is admitted without being
+	// charged to the tenant's limiter and is counted in
+	// status.dryRunRejections and the scheduler's metrics by reason. Use it
+	// to try a plan on live traffic before enforcing it. The budget still
+	// counts what the tenant actually spends.
+	ModeDryRun Mode = "DryRun"
+)
+
 // BudgetPeriod is the period of a tenant budget.
 // +kubebuilder:validation:Enum=Day;Month
 type BudgetPeriod string
@@ -203,6 +220,24 @@ type TenantQuotaSpec struct {
 	// +kubebuilder:default=Hard
 	Enforcement EnforcementMode `json:"enforcement,omitempty"`
 
+	// mode is Enforce (default: limits apply) or DryRun (every decision is
+	// computed, counted in status.dryRunRejections and in metrics, and
+	// nothing is refused).
+	// +optional
+	// +kubebuilder:default=Enforce
+	Mode Mode `json:"mode,omitempty"`
+
+	// maxOutputTokensPerRequest caps the output tokens one request may ask
+	// for, in provider tokens. A request whose max_completion_tokens or
+	// max_tokens exceeds it is refused with 400 max_tokens_too_large; a
+	// request that sets neither is charged min(this, the pool's
+	// costModel.defaultMaxOutputTokens) and the gateway sends that limit
+	// upstream. Unset: no cap beyond the pool's.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	MaxOutputTokensPerRequest *int64 `json:"maxOutputTokensPerRequest,omitempty"`
+
 	// credentials reference the tenant's API key (APIKey identification mode).
 	// +optional
 	Credentials *TenantCredentials `json:"credentials,omitempty"`
@@ -252,6 +287,16 @@ type TenantQuotaStatus struct {
 	// +optional
 	TokensRemaining *int64 `json:"tokensRemaining,omitempty"`
 
+	// requestsRemaining is the requests left in the tenant's request bucket,
+	// when spec.requests.perMinute is set.
+	// +optional
+	RequestsRemaining *int64 `json:"requestsRemaining,omitempty"`
+
+	// dryRunRejections is the tenant's requests and jobs that Enforce would
+	// have refused, since the scheduler started (spec.mode DryRun).
+	// +optional
+	DryRunRejections *int64 `json:"dryRunRejections,omitempty"`
+
 	// completedJobs is the tenant's batch jobs that finished, since the scheduler started.
 	// +optional
 	CompletedJobs *int64 `json:"completedJobs,omitempty"`
@@ -293,6 +338,8 @@ type TenantQuotaStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Completed",type=integer,JSONPath=`.status.completedJobs`,priority=1
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.rejections`,priority=1
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`,priority=1
+// +kubebuilder:printcolumn:name="Budget-Left",type=integer,JSONPath=`.status.budget.remaining`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type TenantQuota struct {
 	metav1.TypeMeta `json:",inline"`

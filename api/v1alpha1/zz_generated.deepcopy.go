@@ -555,6 +555,11 @@ func (in *TenantQuotaSpec) DeepCopyInto(out *TenantQuotaSpec) {
 		*out = new(Budget)
 		**out = **in
 	}
+	if in.MaxOutputTokensPerRequest != nil {
+		in, out := &in.MaxOutputTokensPerRequest, &out.MaxOutputTokensPerRequest
+		*out = new(int64)
+		**out = **in
+	}
 	if in.Credentials != nil {
 		in, out := &in.Credentials, &out.Credentials
 		*out = new(TenantCredentials)
@@ -599,6 +604,16 @@ func (in *TenantQuotaStatus) DeepCopyInto(out *TenantQuotaStatus) {
 	}
 	if in.TokensRemaining != nil {
 		in, out := &in.TokensRemaining, &out.TokensRemaining
+		*out = new(int64)
+		**out = **in
+	}
+	if in.RequestsRemaining != nil {
+		in, out := &in.RequestsRemaining, &out.RequestsRemaining
+		*out = new(int64)
+		**out = **in
+	}
+	if in.DryRunRejections != nil {
+		in, out := &in.DryRunRejections, &out.DryRunRejections
 		*out = new(int64)
 		**out = **in
 	}

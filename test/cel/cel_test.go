@@ -123,6 +123,9 @@ func TestCreateValidation(t *testing.T) {
 		"empty poolRef name":     {gvk: tqGVK, spec: with(validTenant(), "poolRef.name", ""), wantErr: []string{"spec.poolRef.name"}},
 		"bad tenantID":           {gvk: tqGVK, spec: with(validTenant(), "tenantID", "Not_Valid!"), wantErr: []string{"spec.tenantID"}},
 		"bad enforcement":        {gvk: tqGVK, spec: with(validTenant(), "enforcement", "Maybe"), wantErr: []string{"spec.enforcement", "Unsupported value"}},
+		"bad mode":               {gvk: tqGVK, spec: with(validTenant(), "mode", "Audit"), wantErr: []string{"spec.mode", "Unsupported value"}},
+		"DryRun is valid":        {gvk: tqGVK, spec: with(validTenant(), "mode", "DryRun")},
+		"max output 0":           {gvk: tqGVK, spec: with(validTenant(), "maxOutputTokensPerRequest", 0), wantErr: []string{"spec.maxOutputTokensPerRequest", "greater than or equal to 1"}},
 		"negative budget":        {gvk: tqGVK, spec: with(validTenant(), "budget.weightedTokens", -1), wantErr: []string{"spec.budget.weightedTokens"}},
 		"reserve 100 percent":    {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", 100), wantErr: []string{"spec.reserve.interactivePercent", "less than or equal to 99"}},
 		"negative reserve":       {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", -1), wantErr: []string{"spec.reserve.interactivePercent"}},
@@ -176,6 +179,7 @@ func TestDefaults(t *testing.T) {
 	}{
 		{tq, []string{"spec", "weight"}, int64(1)},
 		{tq, []string{"spec", "enforcement"}, "Hard"},
+		{tq, []string{"spec", "mode"}, "Enforce"},
 		{tq, []string{"spec", "batch", "maxQueuedJobs"}, int64(1000)},
 		{tq, []string{"spec", "batch", "defaultDeadlineSeconds"}, int64(3600)},
 		{pool, []string{"spec", "upstream", "dialect"}, "Auto"},
