@@ -19,7 +19,7 @@ type call struct {
 	g      *Gateway
 	tenant *registry.Tenant
 	model  *registry.Model
-	res    *limiter.Reservation
+	res    limiter.Reservation // filled by Tenant.AdmitInto; a call is never copied
 	budget *registry.BudgetReservation
 	permit throttle.Permit
 	once   sync.Once
@@ -58,16 +58,35 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 	if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
 		return nil, providerTooLargeError(m.Name, cost.ProviderTokens, lim)
 	}
-	br, ok, resetIn, st := t.ReserveBudget(now, cost.Weighted)
-	if !ok {
-		return nil, budgetError(resetIn, st)
+	var br *registry.BudgetReservation
+	if t.Policy().DryRun {
+		// DryRun: the budget holds the charge even over the limit, so the
+		// period's spend stays true; the refusal is only counted.
+		var fits bool
+		if br, fits = t.ForceReserveBudget(now, cost.Weighted); !fits {
+			g.dryRunRejection(t, codeBudgetExhausted)
+		}
+	} else {
+		var ok bool
+		var resetIn time.Duration
+		var st registry.BudgetStatus
+		if br, ok, resetIn, st = t.ReserveBudget(now, cost.Weighted); !ok {
+			return nil, budgetError(resetIn, st, t.Policy().Budget, cost.Weighted)
+		}
 	}
-	res, rej := t.Limiter.Admit(now, cost)
-	if rej != nil {
+	// The reservation lives in the call: admission allocates nothing.
+	cl := &call{g: g, tenant: t, model: m, budget: br}
+	res := &cl.res
+	if rej := t.Limiter.AdmitInto(now, cost, res); rej != nil {
 		br.Settle(now, 0)
 		return nil, rejectionError(rej)
 	}
-	g.metrics.ChargedTokens.WithLabelValues(t.ID).Add(float64(cost.Weighted))
+	if dr := res.DryRunRejection(); dr != nil {
+		// A shadow reservation charges nothing (DryRun).
+		g.dryRunRejection(t, string(dr.Reason))
+	} else {
+		g.metrics.ChargedTokens.WithLabelValues(t.ID).Add(float64(cost.Weighted))
+	}
 	if !g.tryAcquire() {
 		g.refunded(t, res.Cancel(now))
 		br.Settle(now, 0)
@@ -86,7 +105,16 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		g.releaseQuiet()
 		return nil, upstreamQuotaError(wait)
 	}
-	return &call{g: g, tenant: t, model: m, res: res, budget: br, permit: permit}, nil
+	cl.permit = permit
+	return cl, nil
+}
+
+// dryRunRejection counts a request or job of a DryRun tenant that Enforce
+// would have refused with code (TenantQuota spec.mode DryRun): in the
+// tenant's status figures and in fairshare_scheduler_dry_run_rejections_total.
+func (g *Gateway) dryRunRejection(t *registry.Tenant, code string) {
+	t.AddDryRunRejection()
+	g.metrics.DryRunRejections.WithLabelValues(t.ID, code).Inc()
 }
 
 func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {

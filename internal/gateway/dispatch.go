@@ -199,7 +199,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 			break // woken when a slot is released
 		}
 		var out []doomed
-		eligible := func(tenant string, head *fairqueue.Job) bool {
+		eligible := func(tenant string, head *fairqueue.Job) fairqueue.Eligibility {
 			qd := head.Value.(*queued)
 			if until, ok := blocked[qd.model]; ok {
 				if !head.Deadline.After(until) {
@@ -208,37 +208,45 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 					out = append(out, doomed{head, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
 						Message: "The provider's quota is paused past the job's deadline; the job was not sent."}})
 				}
-				return false
+				return fairqueue.Ineligible
 			}
 			if skip[tenant] {
-				return false
+				return fairqueue.Ineligible
 			}
 			t := g.reg.Tenant(tenant)
 			if t == nil {
 				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."}})
-				return false
+				return fairqueue.Ineligible
 			}
-			if ok, resetIn, _ := t.CheckBudget(now, qd.cost.Weighted); !ok {
+			if ok, resetIn, _ := t.CheckBudget(now, qd.cost.Weighted); !ok && !t.Policy().DryRun {
 				wakeAt = earliest(wakeAt, now.Add(resetIn))
-				return false
+				return fairqueue.Ineligible
+			}
+			if ok, over := t.Limiter.Eligible(now, qd.cost); ok {
+				if over {
+					// Over a soft limit: it may start, with a quarter of its
+					// share (TenantQuota enforcement Soft; seed 002 section 5).
+					return fairqueue.Deprioritised
+				}
+				return fairqueue.Eligible
 			}
 			rej := t.Limiter.Check(now, qd.cost)
 			if rej == nil {
-				return true
+				return fairqueue.Eligible // a refill between the two calls
 			}
 			if !rej.Retryable {
 				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: string(rej.Reason),
 					Message: "The job can no longer be admitted under the tenant's limits."}})
-				return false
+				return fairqueue.Ineligible
 			}
 			if rej.RetryAfter > 0 {
 				wakeAt = earliest(wakeAt, now.Add(rej.RetryAfter))
 			}
-			return false
+			return fairqueue.Ineligible
 		}
 		var next *fairqueue.Job
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
-			next, expired = q.Dequeue(now, eligible)
+			next, expired = q.DequeueWith(now, eligible)
 			if next != nil {
 				d.held[next.Tenant]++ // released by start
 			}

@@ -46,14 +46,31 @@ const (
 	codeInvalidDeadline        = "invalid_deadline"
 	codeStreamNotSupported     = "stream_not_supported"
 	codeMethodNotAllowed       = "method_not_allowed"
+	codeMaxTokensTooLarge      = "max_tokens_too_large"
+)
+
+// Quota units of quotaDim. unitTokens and unitRequests name the
+// X-RateLimit-*-Tokens and X-RateLimit-*-Requests fields (OpenAI's
+// convention) and the IETF policies "tokens" and "requests";
+// unitConcurrent has no X-RateLimit-* name and is written only as the IETF
+// policy "concurrency" with the registered quota unit "concurrent-requests"
+// (draft-ietf-httpapi-ratelimit-headers-11 section 3.1.2).
+const (
+	unitTokens     = "tokens"
+	unitRequests   = "requests"
+	unitConcurrent = "concurrent-requests"
 )
 
 // quotaDim describes one rate dimension for the X-RateLimit-* and IETF
-// RateLimit / RateLimit-Policy response fields: unit "tokens" or
-// "requests", the published limit per minute, what is left, and the time
-// until the client should expect room (for a refusal: its Retry-After).
+// RateLimit / RateLimit-Policy response fields: unit (unitTokens,
+// unitRequests or unitConcurrent), the published limit (per minute for
+// tokens and requests, requests in flight for concurrency), what is left,
+// and the time until the bucket is full again (for a refusal: its
+// Retry-After). policy names the IETF quota policy; empty means the unit's
+// default name ("tokens", "requests", "concurrency").
 type quotaDim struct {
 	unit             string
+	policy           string
 	limit, remaining int64
 	reset            time.Duration
 }
@@ -85,32 +102,140 @@ func ceilSeconds(d time.Duration) int64 {
 	return max(int64(math.Ceil(d.Seconds())), 0)
 }
 
-// setQuotaHeaders writes X-RateLimit-{Limit,Remaining,Reset}-{Tokens|Requests}
-// (reset in whole seconds) for each dimension, and the IETF
-// draft-ietf-httpapi-ratelimit-headers fields `RateLimit: "tokens";r=R;t=T`
-// and `RateLimit-Policy: "tokens";q=Q;w=60`.
+// quotaWindowSeconds is the "w" (time window, seconds) of the tokens and
+// requests policies: their limits are per minute.
+const quotaWindowSeconds = 60
+
+// sfMaxInteger is the largest Structured Field Integer (RFC 9651 section
+// 3.3.1: at most 15 decimal digits); larger figures are clamped to it so
+// that the field stays valid.
+const sfMaxInteger = 999_999_999_999_999
+
+// sfInteger clamps v to a non-negative Structured Field Integer: the q, w,
+// r and t parameters of the IETF fields are non-negative Integers
+// (draft-ietf-httpapi-ratelimit-headers-11 sections 3.1.1, 3.1.3, 4.1.1,
+// 4.1.2).
+func sfInteger(v int64) int64 { return min(max(v, 0), sfMaxInteger) }
+
+// appendSFString appends s as a Structured Field String (RFC 9651 section
+// 3.3.3 and 4.1.6): DQUOTE, printable ASCII with `"` and `\` escaped,
+// DQUOTE. Other characters cannot occur in a String and are dropped (our
+// policy names are fixed ASCII words).
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c >= 0x20 && c <= 0x7e:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// policyName is the IETF policy name of d.
+func (d quotaDim) policyName() string {
+	switch {
+	case d.policy != "":
+		return d.policy
+	case d.unit == unitConcurrent:
+		return "concurrency"
+	}
+	return d.unit
+}
+
+// setQuotaHeaders writes the quota fields of dims (brief "data plane
+// contract"), one dimension per quota policy, in the order given; a later
+// dimension with the policy name of an earlier one is skipped.
+//
+// OpenAI's fields, for tokens and requests: X-RateLimit-Limit-{Tokens|
+// Requests} (the limit per minute), X-RateLimit-Remaining-… (what is left
+// now, at least 0) and X-RateLimit-Reset-… (whole seconds until the bucket
+// is full again, rounded up).
+//
+// The IETF fields of draft-ietf-httpapi-ratelimit-headers-11 (sections 3 and
+// 4): RateLimit-Policy and RateLimit are Structured Field Lists (RFC 9651)
+// of Items whose bare item is a String, the policy name, with one member per
+// dimension:
+//
+//	RateLimit-Policy: "tokens";q=60000;qu="tokens";w=60, "requests";q=600;w=60
+//	RateLimit: "tokens";r=9850;t=1, "requests";r=99;t=1
+//
+// q is the limit and w the window in seconds (60: the limits are per
+// minute); r is what is left and t the seconds until the bucket is full
+// again (for a refusal: its wait rounded up like Retry-After but without
+// the floor of 1, so Retry-After never names a time before the end of t,
+// section 6).
+// Quota units (section 3.1.2): "requests" is the draft's default and is not
+// written; tokens are not a registered unit (the draft registers requests,
+// content-bytes and concurrent-requests, section 10.3), and leaving qu out
+// would make clients read a token quota as requests, so the tokens policy
+// carries qu="tokens" as an unregistered unit. Tokens are the tenant's
+// weighted tokens of the pool's cost model. Concurrency (unitConcurrent) is
+// the policy "concurrency" with the registered unit
+// qu="concurrent-requests", no window and no t, and has no X-RateLimit-*
+// fields.
 func setQuotaHeaders(h http.Header, dims ...quotaDim) {
-	var rl, pol string
+	if len(dims) == 0 {
+		return
+	}
+	var rl, pol []byte
 	for i, d := range dims {
-		suffix := "Tokens"
-		if d.unit == "requests" {
-			suffix = "Requests"
+		name := d.policyName()
+		dup := false
+		for _, prev := range dims[:i] {
+			if prev.policyName() == name {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
 		}
 		reset := ceilSeconds(d.reset)
-		h.Set("X-RateLimit-Limit-"+suffix, strconv.FormatInt(d.limit, 10))
-		h.Set("X-RateLimit-Remaining-"+suffix, strconv.FormatInt(d.remaining, 10))
-		h.Set("X-RateLimit-Reset-"+suffix, strconv.FormatInt(reset, 10))
-		if i > 0 {
-			rl += ", "
-			pol += ", "
+		if suffix := xRateLimitSuffix(d.unit); suffix != "" {
+			h.Set("X-RateLimit-Limit-"+suffix, strconv.FormatInt(max(d.limit, 0), 10))
+			h.Set("X-RateLimit-Remaining-"+suffix, strconv.FormatInt(max(d.remaining, 0), 10))
+			h.Set("X-RateLimit-Reset-"+suffix, strconv.FormatInt(reset, 10))
 		}
-		rl += fmt.Sprintf("%q;r=%d;t=%d", d.unit, d.remaining, reset)
-		pol += fmt.Sprintf("%q;q=%d;w=60", d.unit, d.limit)
+		if len(rl) > 0 {
+			rl = append(rl, ", "...)
+			pol = append(pol, ", "...)
+		}
+		pol = appendSFString(pol, name)
+		pol = append(pol, ";q="...)
+		pol = strconv.AppendInt(pol, sfInteger(d.limit), 10)
+		switch d.unit {
+		case unitTokens, unitConcurrent:
+			pol = append(pol, ";qu="...)
+			pol = appendSFString(pol, d.unit)
+		}
+		rl = appendSFString(rl, name)
+		rl = append(rl, ";r="...)
+		rl = strconv.AppendInt(rl, sfInteger(d.remaining), 10)
+		if d.unit != unitConcurrent {
+			pol = append(pol, ";w="...)
+			pol = strconv.AppendInt(pol, quotaWindowSeconds, 10)
+			rl = append(rl, ";t="...)
+			rl = strconv.AppendInt(rl, sfInteger(reset), 10)
+		}
 	}
-	if rl != "" {
-		h.Set("RateLimit", rl)
-		h.Set("RateLimit-Policy", pol)
+	h.Set("RateLimit-Policy", string(pol))
+	h.Set("RateLimit", string(rl))
+}
+
+// xRateLimitSuffix is the suffix of OpenAI's X-RateLimit-* fields for a
+// unit, or "" when OpenAI has none (concurrency).
+func xRateLimitSuffix(unit string) string {
+	switch unit {
+	case unitTokens:
+		return "Tokens"
+	case unitRequests:
+		return "Requests"
 	}
+	return ""
 }
 
 type errorBody struct {
@@ -125,7 +250,15 @@ type errorDetail struct {
 }
 
 // writeError writes e as an OpenAI-style JSON error with its Retry-After
-// and quota headers.
+// (whole seconds, rounded up, at least 1: BC-09) and quota headers.
+//
+// Retry-After-Ms is deliberately not written: the OpenAI SDKs (Go, Python,
+// Node) read it before Retry-After, so it would replace the contract's
+// whole-second, at-least-1 wait with a sub-second one and bring retries
+// back before the floor of 1 s. With Retry-After alone the SDKs' built-in
+// retry waits exactly the advertised seconds (openai-go v3
+// internal/requestconfig: Retry-After-Ms, then Retry-After, then backoff;
+// 408, 409, 429 and 5xx are retried, other statuses are not).
 func writeError(w http.ResponseWriter, e *apiError) {
 	h := w.Header()
 	if e.retryable {
@@ -159,11 +292,15 @@ func badRequest(code, msg string) *apiError {
 func rejectionError(rej *limiter.Rejection) *apiError {
 	switch rej.Reason {
 	case limiter.ReasonTooLarge:
-		return &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: string(rej.Reason),
-			message: "Request too large: its cost exceeds the tenant's limit and can never be admitted. Reduce the prompt or max_tokens."}
+		msg := "Request too large: its cost exceeds the tenant's limit and can never be admitted. Reduce the prompt or max_tokens."
+		if rej.Unit != "" {
+			msg = fmt.Sprintf("Request too large: it needs %d %s, more than the %d the tenant's plan grants at once, "+
+				"so it can never be admitted. Reduce the prompt or max_tokens.", rej.Need, rej.Unit, rej.Capacity)
+		}
+		return &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: string(rej.Reason), message: msg}
 	case limiter.ReasonSuspended:
 		return &apiError{status: http.StatusForbidden, typ: typePermission, code: string(rej.Reason),
-			message: "The tenant is suspended: one of its limits is 0."}
+			message: "The tenant is suspended: one of its limits is 0. Ask the pool's operator to raise it in the tenant's TenantQuota."}
 	}
 	secs := retryAfterSeconds(rej.RetryAfter)
 	e := &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: string(rej.Reason),
@@ -174,15 +311,16 @@ func rejectionError(rej *limiter.Rejection) *apiError {
 		e.dim = &quotaDim{unit: "tokens", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
 	case limiter.ReasonInputTokenRate:
 		e.message = fmt.Sprintf("Rate limit exceeded: %d input tokens per minute. Retry in %ds.", rej.Limit, secs)
-		e.dim = &quotaDim{unit: "tokens", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
+		e.dim = &quotaDim{unit: "tokens", policy: "input-tokens", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
 	case limiter.ReasonOutputTokenRate:
 		e.message = fmt.Sprintf("Rate limit exceeded: %d output tokens per minute. Retry in %ds.", rej.Limit, secs)
-		e.dim = &quotaDim{unit: "tokens", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
+		e.dim = &quotaDim{unit: "tokens", policy: "output-tokens", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
 	case limiter.ReasonRequestRate:
 		e.message = fmt.Sprintf("Rate limit exceeded: %d requests per minute. Retry in %ds.", rej.Limit, secs)
 		e.dim = &quotaDim{unit: "requests", limit: rej.Limit, remaining: rej.Remaining, reset: rej.RetryAfter}
 	case limiter.ReasonConcurrency:
-		e.message = fmt.Sprintf("Concurrency limit exceeded: %d requests in flight. Retry in %ds.", rej.Limit, secs)
+		e.message = fmt.Sprintf("Concurrency limit exceeded: the tenant may have %d requests in flight at a time. Retry in %ds.", rej.Limit, secs)
+		e.dim = &quotaDim{unit: unitConcurrent, limit: rej.Limit, remaining: 0}
 	case limiter.ReasonMemory:
 		e.message = fmt.Sprintf("KV-cache limit exceeded: %d blocks. Retry in %ds.", rej.Limit, secs)
 	default:
@@ -191,13 +329,27 @@ func rejectionError(rej *limiter.Rejection) *apiError {
 	return e
 }
 
-// budgetError is the 429 of a request over the tenant's budget: retry when
-// the period resets.
-func budgetError(resetIn time.Duration, st registry.BudgetStatus) *apiError {
+// budgetError is the refusal of a request of cost weighted tokens that does
+// not fit the remaining budget st of the tenant's budget b: 429
+// budget_exhausted with Retry-After at the period's reset (resetIn), or,
+// when cost exceeds the whole budget so that no reset can help, a
+// non-retryable 413 request_too_large (BC-10).
+func budgetError(resetIn time.Duration, st registry.BudgetStatus, b *registry.BudgetPolicy, cost int64) *apiError {
+	budget, period := int64(0), "period"
+	if b != nil {
+		budget, period = b.WeightedTokens, b.Period
+	}
+	if cost > budget {
+		// Larger than the whole budget: no reset will ever admit it.
+		return &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeRequestTooLarge,
+			message: fmt.Sprintf("Request too large: it costs %d weighted tokens, more than the tenant's whole budget of %d per %s, "+
+				"so it can never be admitted. Reduce the prompt or max_tokens.", cost, budget, period)}
+	}
 	return &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeBudgetExhausted,
 		retryAfter: resetIn, retryable: true,
-		message: fmt.Sprintf("Budget exhausted: %d weighted tokens used this period, %d left; it resets at %s.",
-			st.Used, st.Remaining, st.ResetTime.UTC().Format(time.RFC3339))}
+		message: fmt.Sprintf("Budget exhausted: %d of the tenant's %d weighted tokens per %s are used, %d left. "+
+			"Retry after %s (in %ds) or ask for a larger budget.",
+			st.Used+st.Reserved, budget, period, st.Remaining, st.ResetTime.UTC().Format(time.RFC3339), retryAfterSeconds(resetIn))}
 }
 
 // upstreamQuotaError is the 503 of a call the pool cannot start now: the

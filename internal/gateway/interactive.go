@@ -16,6 +16,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 func (g *Gateway) interactive(endpoint string) http.HandlerFunc {
@@ -51,6 +52,10 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	req, aerr := parseRequest(endpoint, body, pool)
 	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	if aerr := req.applyPlanCap(t.Policy().MaxOutputTokensPerRequest); aerr != nil {
 		g.refuse(w, t, aerr)
 		return
 	}
@@ -202,9 +207,10 @@ func (g *Gateway) writeUpstream(w http.ResponseWriter, t *registry.Tenant, resp 
 // "data: [DONE]" is forwarded (so a client that sends its next request after
 // reading the stream sees the refund). When the gateway injected
 // include_usage the usage-only chunk is not forwarded, since the client did
-// not ask for it. A stream that ends without usage keeps the charge
-// (BC-28a); a client that goes away ends the upstream call and the
-// reservation is settled all the same from the usage seen so far (BC-23).
+// not ask for it. A stream that ends without usage, or a client that
+// goes away (which ends the upstream call), is settled from the prompt
+// charged plus the output tokens counted from the deltas forwarded
+// (deltaTokens; BC-23, BC-28a), so what was not generated is refunded.
 func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected bool) {
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
@@ -216,6 +222,18 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	br := bufio.NewReaderSize(resp.Body, 32<<10)
 	var event []byte
 	var last limiter.Usage // the latest usage seen (Known false: none)
+	var generated int64    // output tokens counted from the deltas forwarded
+	// usage is what the stream is settled from: the provider's last usage,
+	// else the prompt charged and the output counted from the deltas the
+	// client was sent (BC-23: a disconnect after 400 of 1000 tokens is
+	// charged prompt + 400; BC-28a: a stream without usage is charged from
+	// its counted deltas).
+	usage := func() limiter.Usage {
+		if last.Known {
+			return last
+		}
+		return limiter.Usage{PromptTokens: c.res.Cost().PromptTokens, OutputTokens: generated, Known: true}
+	}
 	clientOK := true
 	emit := func() {
 		if len(event) == 0 {
@@ -225,8 +243,13 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		if u, usageOnly, ok := eventUsage(event); ok {
 			last = u
 			forward = !(injected && usageOnly)
+			if !usageOnly {
+				generated += deltaTokens(event)
+			}
 		} else if isDoneEvent(event) {
-			c.settle(settleUsage, last)
+			c.settle(settleUsage, usage())
+		} else {
+			generated += deltaTokens(event)
 		}
 		if forward && clientOK {
 			if _, err := w.Write(event); err != nil {
@@ -254,12 +277,74 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	if clientOK {
 		emit()
 	}
-	c.settle(settleUsage, last) // no-op when settled at [DONE]
+	c.settle(settleUsage, usage()) // no-op when settled at [DONE]
 	outcome := metrics.OutcomeOK
 	if !clientOK || r.Context().Err() != nil {
 		outcome = metrics.OutcomeClientGone
 	}
 	g.metrics.Requests.WithLabelValues(c.tenant.ID, outcome).Inc()
+}
+
+// deltaTokens counts the output tokens of one SSE event: the tokens of the
+// text its choices carry (chat delta content, refusal, reasoning content and
+// tool-call arguments; completions text), each piece tokenized on its own
+// with the gateway's tokenizer (cl100k_base), so the sum never falls below
+// the tokens of the joined text by more than a token per piece. Events that
+// are not JSON chunks count 0.
+func deltaTokens(event []byte) int64 {
+	if !bytes.Contains(event, []byte(`"choices"`)) {
+		return 0
+	}
+	var n int64
+	for _, line := range bytes.Split(event, []byte("\n")) {
+		data, found := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+		if !found {
+			continue
+		}
+		data = bytes.TrimSpace(data)
+		if len(data) == 0 || data[0] != '{' {
+			continue
+		}
+		var ch streamChunk
+		if json.Unmarshal(data, &ch) != nil {
+			continue
+		}
+		for _, c := range ch.Choices {
+			pieces := []string{c.Text, c.Delta.Content, c.Delta.Refusal, c.Delta.ReasoningContent}
+			for _, tc := range c.Delta.ToolCalls {
+				pieces = append(pieces, tc.Function.Arguments)
+			}
+			for _, p := range pieces {
+				if p == "" {
+					continue
+				}
+				if k, err := tokencount.Text(p); err == nil {
+					n += k
+				} else {
+					n += int64(len(p)) // unreachable with a loaded encoding; a byte per token bounds it
+				}
+			}
+		}
+	}
+	return n
+}
+
+// streamChunk is the part of an OpenAI streaming chunk that carries
+// generated text.
+type streamChunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content          string `json:"content"`
+			Refusal          string `json:"refusal"`
+			ReasoningContent string `json:"reasoning_content"`
+			ToolCalls        []struct {
+				Function struct {
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
+		} `json:"delta"`
+	} `json:"choices"`
 }
 
 // isDoneEvent reports whether an SSE event is the closing "data: [DONE]".

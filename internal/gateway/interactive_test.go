@@ -52,7 +52,7 @@ func TestBC09_RetryAfterAndTokenHeaders(t *testing.T) {
 			want := map[string]string{
 				"Retry-After": tc.wantRetry, "X-Ratelimit-Limit-Tokens": "6000", "X-Ratelimit-Remaining-Tokens": tc.wantRemaining,
 				"X-Ratelimit-Reset-Tokens": tc.wantRetry, "X-Ratelimit-Limit-Requests": "", "Ratelimit": tc.wantRateLimit,
-				"Ratelimit-Policy": `"tokens";q=6000;w=60`,
+				"Ratelimit-Policy": `"tokens";q=6000;qu="tokens";w=60`,
 			}
 			if d := cmp.Diff(want, got); d != "" {
 				t.Errorf("headers (-want +got):\n%s", d)
@@ -199,15 +199,15 @@ func TestStreamUsageChunkHiddenWhenNotAsked(t *testing.T) {
 	}
 }
 
-// TestBC28_OutputReservation: (a) a stream without usage keeps the output
-// reservation (charge 200 + 1000); (b) max_completion_tokens 1 and
+// TestBC28_OutputReservation: (a) a stream without usage is charged from its
+// counted deltas (200 + 800 generated, never just the prompt); (b) max_completion_tokens 1 and
 // max_tokens 4096 charge the larger, 100 + 4096; (c) neither charges the
 // pool default 4096.
 func TestBC28_OutputReservation(t *testing.T) {
 	noUsage := func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for range 800 {
-			w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"))
+			w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\" x\"}}]}\n\n"))
 		}
 		w.Write([]byte("data: [DONE]\n\n"))
 	}
@@ -217,7 +217,7 @@ func TestBC28_OutputReservation(t *testing.T) {
 		body       string
 		wantCharge int64
 	}{
-		{"a stream without usage", noUsage, completionsBody(200, 1000, `,"stream":true`), 1200},
+		{"a stream without usage", noUsage, completionsBody(200, 1000, `,"stream":true`), 1000},
 		{"b both fields: the larger", nil, completionsBody(100, 4096, `,"max_completion_tokens":1`), 4196},
 		{"c neither field: pool default", nil, `{"model":"` + testModel + `","prompt":[` + strings.Repeat("1,", 99) + `1]}`, 4196},
 	} {
@@ -440,7 +440,9 @@ func TestRequestValidation(t *testing.T) {
 func TestBC23_ClientDisconnectMidStreamSettles(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"))
+		for range 400 {
+			w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\" x\"}}]}\n\n"))
+		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
@@ -452,9 +454,15 @@ func TestBC23_ClientDisconnectMidStreamSettles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("first frame %q, %v", line, err)
+	br := bufio.NewReader(resp.Body)
+	for i := range 400 {
+		line, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("frame %d: %q, %v", i, line, err)
+		}
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cancel()
 	resp.Body.Close()
@@ -462,7 +470,9 @@ func TestBC23_ClientDisconnectMidStreamSettles(t *testing.T) {
 	if s := e.reg.Tenant("a").Limiter.Snapshot(t0); s.KVBlocks != 0 {
 		t.Errorf("KV blocks held after the disconnect: %d", s.KVBlocks)
 	}
-	if got := e.tokensLeft("a"); got != 10000-1200 {
-		t.Errorf("bucket = %d, want %d (charge stands without usage)", got, 10000-1200)
+	// Charged prompt 200 + the 400 tokens generated; the other 600 of the
+	// output reservation are refunded.
+	if got := e.tokensLeft("a"); got != 10000-600 {
+		t.Errorf("bucket = %d, want %d (prompt + 400 generated)", got, 10000-600)
 	}
 }

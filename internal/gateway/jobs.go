@@ -168,6 +168,19 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pol := t.Policy()
+	if aerr := req.applyPlanCap(pol.MaxOutputTokensPerRequest); aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	if req.injectMax {
+		// The job is stored with the output limit the plan charged it.
+		b, _, err := req.upstreamBody()
+		if err != nil {
+			g.refuse(w, t, badRequest(codeInvalidRequest, "The request could not be re-encoded."))
+			return
+		}
+		sr.Body = b
+	}
 	deadline := pol.DefaultDeadline
 	if sr.DeadlineSeconds != nil {
 		// A job may only shorten the tenant's default deadline.
@@ -188,8 +201,11 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
-		g.refuse(w, t, budgetError(resetIn, st))
-		return
+		if !pol.DryRun {
+			g.refuse(w, t, budgetError(resetIn, st, pol.Budget, cost.Weighted))
+			return
+		}
+		g.dryRunRejection(t, codeBudgetExhausted)
 	}
 	job, err := g.store.Create(jobs.Job{
 		Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,

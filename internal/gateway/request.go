@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -34,8 +35,14 @@ type request struct {
 	// defaultMaxOutput: the request set no max output, so the pool's
 	// defaultMaxOutputTokens was charged (BC-28c).
 	defaultMaxOutput bool
-	fields           map[string]json.RawMessage
-	body             []byte
+	// perChoice is the output reservation of one choice and choices the n
+	// of the request (maxOutput = perChoice * choices).
+	perChoice, choices int64
+	// injectMax: the request set no max output and the tenant's plan caps
+	// it, so perChoice is sent upstream as the request's output limit.
+	injectMax bool
+	fields    map[string]json.RawMessage
+	body      []byte
 }
 
 // readBody reads at most limit bytes of the request body: 413
@@ -128,9 +135,32 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeRequestTooLarge,
 				message: fmt.Sprintf("Request too large: max output tokens x n exceeds %d tokens and can never be admitted. Reduce max_tokens or n.", maxRequestTokens)}
 		}
+		req.perChoice, req.choices = req.maxOutput, choices
 		req.maxOutput *= choices
 	}
 	return req, nil
+}
+
+// applyPlanCap applies the tenant's spec.maxOutputTokensPerRequest (capTokens,
+// provider tokens; 0 is no cap). A request that asks for more output per
+// choice is refused with 400 max_tokens_too_large (issue: "a request whose
+// own value exceeds the plan's cap is refused with a clear 400"). A request
+// that set no output limit is charged min(pool default, cap) per choice and
+// that limit is sent upstream, so the provider cannot generate more than
+// was charged.
+func (req *request) applyPlanCap(capTokens int64) *apiError {
+	if capTokens <= 0 || req.endpoint == endpointEmbeddings || req.perChoice <= capTokens {
+		return nil
+	}
+	if !req.defaultMaxOutput {
+		return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: codeMaxTokensTooLarge,
+			message: fmt.Sprintf("The request asks for %d output tokens per choice; the tenant's plan allows at most %d "+
+				"(spec.maxOutputTokensPerRequest). Set max_completion_tokens or max_tokens to %d or less.",
+				req.perChoice, capTokens, capTokens)}
+	}
+	req.perChoice, req.injectMax = capTokens, true
+	req.maxOutput = capTokens * req.choices
+	return nil
 }
 
 // explainDefault adds to a 413 request_too_large refusal of a request that
@@ -218,24 +248,38 @@ func inputTokens(raw json.RawMessage) (int64, error) {
 // did not ask for usage it sets stream_options.include_usage=true so that
 // the usage chunk can refund the reservation (BC-24, BC-28a); injected
 // reports whether it did (the usage-only chunk is then not forwarded).
+//
+// When the plan capped a request that set no output limit (injectMax), the
+// limit is sent as max_completion_tokens on chat completions and max_tokens
+// on completions.
 func (req *request) upstreamBody() (body []byte, injected bool, err error) {
-	if !req.stream || req.clientUsage || req.endpoint == endpointEmbeddings {
+	injectUsage := req.stream && !req.clientUsage && req.endpoint != endpointEmbeddings
+	if !injectUsage && !req.injectMax {
 		return req.body, false, nil
 	}
-	so := map[string]json.RawMessage{}
-	if raw, ok := req.fields["stream_options"]; ok {
-		_ = json.Unmarshal(raw, &so)
-	}
-	so["include_usage"] = json.RawMessage("true")
-	b, err := json.Marshal(so)
-	if err != nil {
-		return nil, false, err
-	}
-	fields := make(map[string]json.RawMessage, len(req.fields)+1)
+	fields := make(map[string]json.RawMessage, len(req.fields)+2)
 	for k, v := range req.fields {
 		fields[k] = v
 	}
-	fields["stream_options"] = b
+	if injectUsage {
+		so := map[string]json.RawMessage{}
+		if raw, ok := req.fields["stream_options"]; ok {
+			_ = json.Unmarshal(raw, &so)
+		}
+		so["include_usage"] = json.RawMessage("true")
+		b, err := json.Marshal(so)
+		if err != nil {
+			return nil, false, err
+		}
+		fields["stream_options"] = b
+	}
+	if req.injectMax {
+		name := "max_tokens"
+		if req.endpoint == endpointChat {
+			name = "max_completion_tokens"
+		}
+		fields[name] = json.RawMessage(strconv.FormatInt(req.perChoice, 10))
+	}
 	body, err = json.Marshal(fields)
-	return body, true, err
+	return body, injectUsage, err
 }

@@ -100,9 +100,25 @@ func (w *StatusWriter) Start(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			w.final(ctx)
 			return nil
 		case <-t.C():
 		}
+	}
+}
+
+// finalWriteTimeout bounds the last status write at shutdown.
+const finalWriteTimeout = 5 * time.Second
+
+// final writes the figures once more at shutdown, so that a graceful
+// restart loses none of the period's budget spend (the next scheduler
+// seeds its budgets from status.budget). It is bounded by
+// finalWriteTimeout.
+func (w *StatusWriter) final(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+	defer cancel()
+	if _, err := w.WriteOnce(fctx); err != nil {
+		w.Log.Error(err, "writing status at shutdown")
 	}
 }
 
@@ -179,7 +195,13 @@ func (w *StatusWriter) WriteOnce(ctx context.Context) (int, error) {
 			if t.Limiter.TokensRemaining >= 0 {
 				st.TokensRemaining = ptr(t.Limiter.TokensRemaining)
 			}
+			if t.Limiter.RequestsRemaining >= 0 {
+				st.RequestsRemaining = ptr(t.Limiter.RequestsRemaining)
+			}
 			st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed = ptr(t.Completed), ptr(t.Expired), ptr(t.Rejections), ptr(t.TokensUsed)
+			if t.DryRun || t.DryRunRejections > 0 {
+				st.DryRunRejections = ptr(t.DryRunRejections)
+			}
 			if b := t.Budget; b != nil {
 				st.Budget = &v1alpha1.BudgetStatus{Used: ptr(b.Used), Remaining: ptr(b.Remaining), ResetTime: mtime(b.ResetTime)}
 			}

@@ -229,3 +229,79 @@ func TestSyncReconcilers(t *testing.T) {
 		t.Errorf("tenant still served after its TenantQuota was deleted")
 	}
 }
+
+// TestBudgetSurvivesSchedulerRestart: the budget's spend is carried across a
+// scheduler restart through status.budget. Scheduler 1 writes its figures,
+// spends more, and is stopped: its last write at shutdown reports the
+// total. Scheduler 2, a fresh registry loading the TenantQuota from the API
+// server, starts the period from that figure and refuses what no longer
+// fits.
+func TestBudgetSurvivesSchedulerRestart(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	ns, pool, tq := fixture(t, c)
+	tq.Spec.Budget = &v1alpha1.Budget{WeightedTokens: 10000, Period: v1alpha1.BudgetMonth}
+	tq.Spec.Mode = v1alpha1.ModeDryRun
+	if err := c.Update(ctx, tq); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	fc := clocktesting.NewFakeClock(now)
+	reg1 := registry.New(fc)
+	if err := reg1.SetPool(PoolPolicy(pool)); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg1.UpsertTenant(TenantPolicy(tq)); err != nil {
+		t.Fatal(err)
+	}
+	w1 := &StatusWriter{Client: c, Registry: reg1, State: &State{}, Namespace: ns, PoolName: "pool", Clock: fc, Interval: time.Hour}
+	reg1.Tenant("tq-a").AddUsed(now, 4000)
+	reg1.Tenant("tq-a").AddDryRunRejection()
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w1.Start(sctx) }()
+	waitStatus := func(what string, ok func(*v1alpha1.TenantQuotaStatus) bool) *v1alpha1.TenantQuota {
+		t.Helper()
+		var got v1alpha1.TenantQuota
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(tq), &got); err == nil && ok(&got.Status) {
+				return &got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %+v", what, got.Status)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitStatus("the first report", func(s *v1alpha1.TenantQuotaStatus) bool {
+		return s.Budget != nil && s.Budget.Used != nil && *s.Budget.Used == 4000
+	})
+	reg1.Tenant("tq-a").AddUsed(now, 2500) // spent after the last periodic report
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got := waitStatus("the report at shutdown", func(s *v1alpha1.TenantQuotaStatus) bool {
+		return s.Budget != nil && s.Budget.Used != nil && *s.Budget.Used == 6500
+	})
+	if r := got.Status.Budget.Remaining; r == nil || *r != 3500 {
+		t.Errorf("budget.remaining = %v, want 3500", r)
+	}
+	if d := got.Status.DryRunRejections; d == nil || *d != 1 {
+		t.Errorf("dryRunRejections = %v, want 1", d)
+	}
+
+	reg2 := registry.New(fc)
+	tr := &TenantReconciler{Reader: c, Registry: reg2, Namespace: ns, PoolName: "pool"}
+	if _, err := tr.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(tq)}); err != nil {
+		t.Fatal(err)
+	}
+	st, ok := reg2.Tenant("tq-a").Budget(now)
+	if !ok || st.Used != 6500 || st.Remaining != 3500 {
+		t.Errorf("after the restart: %+v, want used 6500, remaining 3500", st)
+	}
+	if _, fits, _, _ := reg2.Tenant("tq-a").ReserveBudget(now, 3501); fits {
+		t.Error("3501 reserved with 3500 left after the restart")
+	}
+}

@@ -60,7 +60,8 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 // TenantPolicy translates a TenantQuota spec into the registry's tenant
 // policy (without key hashes: the caller adds those from the referenced
 // Secret). Limits: an unset rate is unlimited, 0 suspends (limiter.Limits);
-// enforcement Soft sets Limits.Soft.
+// enforcement Soft sets Limits.Soft; mode DryRun sets DryRun; the status's
+// budget figures become BudgetSeed.
 func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 	s := &tq.Spec
 	out := registry.TenantPolicy{
@@ -93,7 +94,16 @@ func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 	}
 	if b := s.Budget; b != nil {
 		out.Budget = &registry.BudgetPolicy{WeightedTokens: b.WeightedTokens, Period: string(b.Period)}
+		// The period's spend as last reported carries the budget across
+		// scheduler restarts and leader changes.
+		if st := tq.Status.Budget; st != nil && st.Used != nil && st.ResetTime != nil {
+			out.BudgetSeed = &registry.BudgetSeed{Used: *st.Used, ResetTime: st.ResetTime.Time}
+		}
 	}
+	if s.MaxOutputTokensPerRequest != nil {
+		out.MaxOutputTokensPerRequest = *s.MaxOutputTokensPerRequest
+	}
+	out.DryRun = s.Mode == v1alpha1.ModeDryRun
 	return out
 }
 

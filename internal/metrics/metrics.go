@@ -54,6 +54,10 @@ type Metrics struct {
 	JobsExpired *prometheus.CounterVec
 	// JobsFinished counts batch jobs by terminal status (no tenant label).
 	JobsFinished *prometheus.CounterVec
+	// DryRunRejections counts requests and jobs of DryRun tenants that
+	// Enforce would have refused, by tenant and reason (the error code
+	// Enforce would have answered).
+	DryRunRejections *prometheus.CounterVec
 	// QueueWait observes the time a batch job waited before its first
 	// upstream call, in seconds (no tenant label).
 	QueueWait prometheus.Histogram
@@ -92,6 +96,10 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 		JobsFinished: prometheus.NewCounterVec(opts("jobs_finished_total",
 			"Batch jobs that reached a terminal status: succeeded, failed, expired or cancelled."),
 			[]string{"status"}),
+		DryRunRejections: prometheus.NewCounterVec(opts("dry_run_rejections_total",
+			"Requests and jobs of tenants in mode DryRun that Enforce would have refused (they were admitted), "+
+				"by tenant and reason (the error code Enforce would have answered)."),
+			[]string{"tenant", "reason"}),
 		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "queue_wait_seconds",
 			Help:    "Time a batch job waited in the fair queue before its first upstream call, in seconds.",
@@ -99,7 +107,7 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 		}),
 	}
 	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
-		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.QueueWait)
+		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.QueueWait)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
 	}
@@ -114,6 +122,7 @@ func (m *Metrics) ForgetTenant(tenant string) {
 	m.ChargedTokens.DeletePartialMatch(l)
 	m.RefundedTokens.DeletePartialMatch(l)
 	m.JobsExpired.DeletePartialMatch(l)
+	m.DryRunRejections.DeletePartialMatch(l)
 }
 
 // ObserveQueueWait records one job's queue wait.
@@ -128,6 +137,9 @@ var (
 	descTenantInFlight  = desc("tenant_in_flight_requests", "Upstream calls in flight, by tenant.", "tenant")
 	descTenantKV        = desc("tenant_kv_blocks", "KV-cache blocks held by in-flight calls, by tenant.", "tenant")
 	descTenantRemaining = desc("tenant_remaining_weighted_tokens", "Weighted tokens left in the tenant's token bucket (absent when unlimited).", "tenant")
+	descTenantReqs      = desc("tenant_remaining_requests", "Requests left in the tenant's request bucket (absent when unlimited).", "tenant")
+	descBudgetUsed      = desc("tenant_budget_used_weighted_tokens", "Weighted tokens spent in the tenant's current budget period (absent without a budget).", "tenant")
+	descBudgetRemaining = desc("tenant_budget_remaining_weighted_tokens", "Weighted tokens left in the tenant's current budget period (absent without a budget).", "tenant")
 	descTenantLimited   = desc("tenant_limited", "1 while one of the tenant's limits binds, else 0.", "tenant")
 	descTenants         = desc("tenants", "Tenants loaded by the scheduler.")
 	descQueued          = desc("queued_jobs", "Batch jobs queued in the pool.")
@@ -145,7 +157,7 @@ type collector struct {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTenantQueued, descTenantInFlight, descTenantKV, descTenantRemaining,
-		descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit, descModelPaused} {
+		descTenantReqs, descBudgetUsed, descBudgetRemaining, descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit, descModelPaused} {
 		ch <- d
 	}
 }
@@ -172,6 +184,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		g(descTenantKV, float64(t.Limiter.KVBlocks), t.ID)
 		if t.Limiter.TokensRemaining >= 0 {
 			g(descTenantRemaining, float64(t.Limiter.TokensRemaining), t.ID)
+		}
+		if t.Limiter.RequestsRemaining >= 0 {
+			g(descTenantReqs, float64(t.Limiter.RequestsRemaining), t.ID)
+		}
+		if b := t.Budget; b != nil {
+			g(descBudgetUsed, float64(b.Used), t.ID)
+			g(descBudgetRemaining, float64(b.Remaining), t.ID)
 		}
 		g(descTenantLimited, b2f(t.Limiter.Limited), t.ID)
 	}

@@ -60,3 +60,34 @@ fairshare_scheduler_tenant_remaining_weighted_tokens{tenant="a"} 100
 		t.Error(err)
 	}
 }
+
+// TestRequestAndBudgetGauges: the request bucket and the budget period are
+// exported per tenant, and absent for a tenant without them.
+func TestRequestAndBudgetGauges(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	reg := registry.New(clocktesting.NewFakeClock(t0))
+	if err := reg.SetPool(registry.PoolPolicy{BaseURL: "http://127.0.0.1:1", Models: []registry.ModelPolicy{{Name: "m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = reg.UpsertTenant(registry.TenantPolicy{ID: "a", Limits: limiter.Limits{RequestsPerMinute: i64(120)},
+		Budget: &registry.BudgetPolicy{WeightedTokens: 5000, Period: registry.BudgetDay}})
+	_ = reg.UpsertTenant(registry.TenantPolicy{ID: "b"})
+	reg.Tenant("a").AddUsed(t0, 1200)
+	prom := prometheus.NewRegistry()
+	New(prom, func() registry.Snapshot { return reg.Snapshot(t0) })
+	want := `
+# HELP fairshare_scheduler_tenant_budget_remaining_weighted_tokens Weighted tokens left in the tenant's current budget period (absent without a budget).
+# TYPE fairshare_scheduler_tenant_budget_remaining_weighted_tokens gauge
+fairshare_scheduler_tenant_budget_remaining_weighted_tokens{tenant="a"} 3800
+# HELP fairshare_scheduler_tenant_budget_used_weighted_tokens Weighted tokens spent in the tenant's current budget period (absent without a budget).
+# TYPE fairshare_scheduler_tenant_budget_used_weighted_tokens gauge
+fairshare_scheduler_tenant_budget_used_weighted_tokens{tenant="a"} 1200
+# HELP fairshare_scheduler_tenant_remaining_requests Requests left in the tenant's request bucket (absent when unlimited).
+# TYPE fairshare_scheduler_tenant_remaining_requests gauge
+fairshare_scheduler_tenant_remaining_requests{tenant="a"} 20
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), "fairshare_scheduler_tenant_budget_remaining_weighted_tokens",
+		"fairshare_scheduler_tenant_budget_used_weighted_tokens", "fairshare_scheduler_tenant_remaining_requests"); err != nil {
+		t.Error(err)
+	}
+}

@@ -154,6 +154,13 @@ type BudgetPolicy struct {
 	Period         string // BudgetDay or BudgetMonth
 }
 
+// BudgetSeed is a budget period's spend as last reported in status: Used
+// weighted tokens in the period that ends at ResetTime.
+type BudgetSeed struct {
+	Used      int64
+	ResetTime time.Time
+}
+
 // TenantPolicy is one tenant's live policy, translated from its TenantQuota.
 type TenantPolicy struct {
 	// ID is the tenant id (spec.tenantID or the object name).
@@ -172,12 +179,23 @@ type TenantPolicy struct {
 	DefaultDeadline time.Duration
 	// Budget, when not nil, limits spend per period.
 	Budget *BudgetPolicy
+	// BudgetSeed, when not nil, is the spend of a budget period last
+	// reported in the TenantQuota's status (status.budget): it carries the
+	// period's use across scheduler restarts and leader changes. See
+	// Registry.UpsertTenant.
+	BudgetSeed *BudgetSeed
+	// MaxOutputTokensPerRequest caps the output tokens one request may ask
+	// for (spec.maxOutputTokensPerRequest), in provider tokens; 0 is no cap.
+	MaxOutputTokensPerRequest int64
+	// DryRun: every decision is computed and counted, nothing is refused
+	// (spec.mode DryRun). Limits.DryRun carries it to the limiter.
+	DryRun bool
 	// KeyHashes are the SHA-256 of the tenant's API keys (APIKey mode).
 	KeyHashes []KeyHash
 }
 
-// Validate fills defaults into zero fields and returns an error naming the
-// first invalid field.
+// Validate fills defaults into zero fields, sets Limits.DryRun from DryRun,
+// and returns an error naming the first invalid field.
 func (t *TenantPolicy) Validate() error {
 	if t.ID == "" {
 		return errors.New("tenant id: required")
@@ -193,6 +211,11 @@ func (t *TenantPolicy) Validate() error {
 	}
 	if t.DefaultDeadline <= 0 {
 		t.DefaultDeadline = DefaultDeadline
+	}
+	// The limiter's shadow mode follows the tenant's mode.
+	t.Limits.DryRun = t.DryRun
+	if t.MaxOutputTokensPerRequest < 0 {
+		return fmt.Errorf("maxOutputTokensPerRequest: %d is negative", t.MaxOutputTokensPerRequest)
 	}
 	if b := t.Budget; b != nil {
 		if b.WeightedTokens < 0 {

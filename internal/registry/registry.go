@@ -66,7 +66,7 @@ type Tenant struct {
 	policy  atomic.Pointer[TenantPolicy]
 	removed atomic.Bool
 
-	completed, expired, rejections, tokensUsed atomic.Int64
+	completed, expired, rejections, tokensUsed, dryRunRejections atomic.Int64
 
 	budgetMu    sync.Mutex
 	budgetStart time.Time
@@ -88,6 +88,10 @@ func (t *Tenant) AddExpired() { t.expired.Add(1) }
 
 // AddRejection counts one request or job refused by a limit.
 func (t *Tenant) AddRejection() { t.rejections.Add(1) }
+
+// AddDryRunRejection counts one request or job that Enforce would have
+// refused and DryRun admitted.
+func (t *Tenant) AddDryRunRejection() { t.dryRunRejections.Add(1) }
 
 // AddUsed records weighted tokens spent at now outside a budget
 // reservation: the tokensUsed figure and the budget of the current period.
@@ -141,6 +145,45 @@ func (t *Tenant) ReserveBudget(now time.Time, weighted int64) (r *BudgetReservat
 	t.budgetHeld += weighted
 	st = t.budgetStatusLocked(b)
 	return &BudgetReservation{t: t, start: t.budgetStart, weighted: weighted}, true, 0, st
+}
+
+// ForceReserveBudget is ReserveBudget for a tenant in DryRun: it always
+// returns a reservation, holding the weighted tokens even when they do not
+// fit (Remaining then reads 0), so that the period's spend stays true.
+// ok reports whether the charge fitted, as ReserveBudget would have
+// answered.
+func (t *Tenant) ForceReserveBudget(now time.Time, weighted int64) (r *BudgetReservation, ok bool) {
+	weighted = max(weighted, 0)
+	b := t.Policy().Budget
+	t.budgetMu.Lock()
+	defer t.budgetMu.Unlock()
+	t.rollBudgetLocked(now)
+	if b == nil {
+		return &BudgetReservation{t: t, start: t.budgetStart}, true
+	}
+	ok = weighted <= t.budgetStatusLocked(b).Remaining
+	t.budgetHeld += weighted
+	return &BudgetReservation{t: t, start: t.budgetStart, weighted: weighted}, ok
+}
+
+// seedBudget raises the period's settled use to seed.Used when seed
+// describes the current period (its ResetTime is the end of the period
+// holding now). Taking the larger of the two keeps a replica's own spend
+// (always at least what it last reported) and lets a replica that has not
+// served the tenant (a restarted scheduler, a standby taking over) start
+// from the reported figure. Spend between the last report and a crash is
+// lost: at most one status interval.
+func (t *Tenant) seedBudget(now time.Time, seed *BudgetSeed) {
+	b := t.Policy().Budget
+	if seed == nil || b == nil {
+		return
+	}
+	t.budgetMu.Lock()
+	defer t.budgetMu.Unlock()
+	t.rollBudgetLocked(now)
+	if seed.ResetTime.Equal(periodEnd(t.budgetStart, b.Period)) {
+		t.budgetUsed = max(t.budgetUsed, seed.Used)
+	}
 }
 
 // Settle replaces the reservation by usedWeighted, the weighted tokens the
@@ -468,6 +511,7 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 		r.keys[h] = cur
 	}
 	cur.policy.Store(&p)
+	cur.seedBudget(now, p.BudgetSeed)
 	r.objects[p.Name] = &objectState{id: p.ID, generation: p.Generation}
 	r.mu.Unlock()
 

@@ -196,3 +196,63 @@ func TestBudgetReservation(t *testing.T) {
 		t.Errorf("tokensUsed = %d, want 650", got)
 	}
 }
+
+// TestBudgetSeedSurvivesRestart: a fresh registry (a restarted scheduler, or
+// a standby taking over) starts the period from the spend reported in
+// status; a seed of an earlier period is ignored; a replica's own larger
+// spend is never lowered by an older report; a later, larger report raises
+// a replica that has not served the tenant.
+func TestBudgetSeedSurvivesRestart(t *testing.T) {
+	now := t0.Add(10 * 24 * time.Hour) // 2026-01-11
+	monthEnd := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
+	pol := func(seed *BudgetSeed) TenantPolicy {
+		return TenantPolicy{ID: "a", Budget: &BudgetPolicy{WeightedTokens: 10000, Period: BudgetMonth}, BudgetSeed: seed}
+	}
+	r := New(clocktesting.NewFakeClock(now))
+	if err := r.UpsertTenant(pol(&BudgetSeed{Used: 7000, ResetTime: monthEnd})); err != nil {
+		t.Fatal(err)
+	}
+	tn := r.Tenant("a")
+	if st, _ := tn.Budget(now); st.Used != 7000 || st.Remaining != 3000 || !st.ResetTime.Equal(monthEnd) {
+		t.Errorf("seeded: %+v, want used 7000, remaining 3000", st)
+	}
+	if _, ok, _, _ := tn.ReserveBudget(now, 3001); ok {
+		t.Error("3001 admitted with 3000 left after the restart")
+	}
+	tn.AddUsed(now, 500)
+	_ = r.UpsertTenant(pol(&BudgetSeed{Used: 7200, ResetTime: monthEnd})) // an older report of our own spend
+	if st, _ := tn.Budget(now); st.Used != 7500 {
+		t.Errorf("own spend 7500 lowered by an older report of 7200: used %d", st.Used)
+	}
+	_ = r.UpsertTenant(pol(&BudgetSeed{Used: 9000, ResetTime: monthEnd}))
+	if st, _ := tn.Budget(now); st.Used != 9000 {
+		t.Errorf("a later report of 9000 not taken: used %d", st.Used)
+	}
+
+	stale := New(clocktesting.NewFakeClock(now))
+	_ = stale.UpsertTenant(pol(&BudgetSeed{Used: 7000, ResetTime: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}))
+	if st, _ := stale.Tenant("a").Budget(now); st.Used != 0 || st.Remaining != 10000 {
+		t.Errorf("a seed of December applied to January: %+v", st)
+	}
+}
+
+// TestForceReserveBudget: DryRun's reservation holds the charge even over
+// the budget and says whether Enforce would have refused it.
+func TestForceReserveBudget(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.UpsertTenant(TenantPolicy{ID: "a", Budget: &BudgetPolicy{WeightedTokens: 1000, Period: BudgetDay}})
+	tn := r.Tenant("a")
+	r1, ok := tn.ForceReserveBudget(t0, 800)
+	if !ok {
+		t.Error("800 of 1000 reported over budget")
+	}
+	r2, ok := tn.ForceReserveBudget(t0, 800)
+	if ok {
+		t.Error("800 beside 800 held reported within budget")
+	}
+	r1.Settle(t0, 700)
+	r2.Settle(t0, 600)
+	if st, _ := tn.Budget(t0); st.Used != 1300 || st.Reserved != 0 || st.Remaining != 0 {
+		t.Errorf("after DryRun spend of 1300: %+v, want used 1300, remaining 0", st)
+	}
+}

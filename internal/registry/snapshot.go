@@ -39,6 +39,11 @@ type TenantSnapshot struct {
 	// Counters since the scheduler started: finished jobs, expired jobs,
 	// rejections, weighted tokens used.
 	Completed, Expired, Rejections, TokensUsed int64
+	// DryRunRejections: requests and jobs Enforce would have refused
+	// (DryRun mode), since the scheduler started.
+	DryRunRejections int64
+	// DryRun: the tenant's mode is DryRun.
+	DryRun bool
 	// Budget of the current period, when the tenant has one.
 	Budget *BudgetStatus
 }
@@ -94,6 +99,7 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 			Limiter:   t.Limiter.Snapshot(now),
 			Completed: t.completed.Load(), Expired: t.expired.Load(),
 			Rejections: t.rejections.Load(), TokensUsed: t.tokensUsed.Load(),
+			DryRunRejections: t.dryRunRejections.Load(), DryRun: p.DryRun,
 		}
 		if b, ok := t.Budget(now); ok {
 			ts.Budget = &b
