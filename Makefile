@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-e2e ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-e2e ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -80,11 +80,19 @@ test-helm: tools ## helm lint and helm template of the chart with default and no
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system >/dev/null
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system -f hack/testdata/values-nondefault.yaml >/dev/null
 
+.PHONY: test-exercises
+test-exercises: ## Seed 002 exercises B and D on the real gateway and simulator, asserted (about 30 s).
+	$(GO) test -count=1 -timeout 5m ./test/exercises/...
+
 .PHONY: test-e2e
 test-e2e: tools ## The demo scenario on the real control plane with the three binaries, asserted.
 	$(GO) test -count=1 -timeout 20m -v ./test/e2e/...
 
 ##@ Demo and benchmarks
+
+.PHONY: exercises
+exercises: ## Seed 002 exercises B and D, printing the measured tables (docs/exercises.md).
+	$(GO) test -count=1 -v -run Exercise ./test/exercises/
 
 .PHONY: demo
 demo: tools ## Start a local control plane, the operator, a scheduler and the simulator, and run the workload.
