@@ -53,34 +53,44 @@ const (
 // section 3), an upstream concurrency slot, the model's throttle with
 // priority p (batch priority for a call admitted over a soft limit). A
 // refusal after a charge gives it back in full (BC-22).
-func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority) (*call, *apiError) {
+//
+// For a DryRun tenant nothing of the tenant's own is refused: the budget
+// holds the charge even over the limit (its spend stays true), and a call
+// Enforce would refuse (wouldRefuse, a refusal code decided before admit
+// such as max_tokens_too_large; else the budget; else the limiter) gets a
+// shadow reservation that charges the limiter nothing; the refusal is
+// counted once, under the code Enforce would have answered.
+func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority, wouldRefuse string) (*call, *apiError) {
 	cost := pool.CostModel.Cost(prompt, maxOut)
 	if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
 		return nil, providerTooLargeError(m.Name, cost.ProviderTokens, lim)
 	}
-	var br *registry.BudgetReservation
-	if t.Policy().DryRun {
-		// DryRun: the budget holds the charge even over the limit, so the
-		// period's spend stays true; the refusal is only counted.
-		var fits bool
-		if br, fits = t.ForceReserveBudget(now, cost.Weighted); !fits {
-			g.dryRunRejection(t, codeBudgetExhausted)
+	// The reservation lives in the call: admission allocates nothing.
+	cl := &call{g: g, tenant: t, model: m}
+	res := &cl.res
+	if pol := t.Policy(); pol.DryRun {
+		br, fits := t.ForceReserveBudget(now, cost.Weighted)
+		cl.budget = br
+		if wouldRefuse == "" && !fits {
+			wouldRefuse = budgetRefusalCode(pol.Budget, cost.Weighted)
+		}
+		if wouldRefuse != "" {
+			t.Limiter.ShadowInto(cost, limiter.Reason(wouldRefuse), res)
+		} else {
+			_ = t.Limiter.AdmitInto(now, cost, res) // never refuses under DryRun
 		}
 	} else {
-		var ok bool
-		var resetIn time.Duration
-		var st registry.BudgetStatus
-		if br, ok, resetIn, st = t.ReserveBudget(now, cost.Weighted); !ok {
-			return nil, budgetError(resetIn, st, t.Policy().Budget, cost.Weighted)
+		br, ok, resetIn, st := t.ReserveBudget(now, cost.Weighted)
+		if !ok {
+			return nil, budgetError(resetIn, st, pol.Budget, cost.Weighted)
+		}
+		cl.budget = br
+		if rej := t.Limiter.AdmitInto(now, cost, res); rej != nil {
+			br.Settle(now, 0)
+			return nil, rejectionError(rej)
 		}
 	}
-	// The reservation lives in the call: admission allocates nothing.
-	cl := &call{g: g, tenant: t, model: m, budget: br}
-	res := &cl.res
-	if rej := t.Limiter.AdmitInto(now, cost, res); rej != nil {
-		br.Settle(now, 0)
-		return nil, rejectionError(rej)
-	}
+	br := cl.budget
 	if dr := res.DryRunRejection(); dr != nil {
 		// A shadow reservation charges nothing (DryRun).
 		g.dryRunRejection(t, string(dr.Reason))

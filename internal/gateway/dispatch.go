@@ -324,7 +324,7 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeModelRemoved, Message: fmt.Sprintf("The model %q is no longer served by the pool.", qd.model)})
 		return -1, false
 	}
-	c, aerr := g.admit(now, t, pool, m, qd.cost.PromptTokens, qd.cost.MaxOutputTokens, throttle.Batch)
+	c, aerr := g.admit(now, t, pool, m, qd.cost.PromptTokens, qd.cost.MaxOutputTokens, throttle.Batch, qd.wouldRefuse)
 	if aerr != nil {
 		switch aerr.code {
 		case codeUpstreamQuotaExhausted:

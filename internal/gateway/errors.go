@@ -334,6 +334,15 @@ func rejectionError(rej *limiter.Rejection) *apiError {
 // budget_exhausted with Retry-After at the period's reset (resetIn), or,
 // when cost exceeds the whole budget so that no reset can help, a
 // non-retryable 413 request_too_large (BC-10).
+// budgetRefusalCode is the code of budgetError for a request of cost
+// weighted tokens that does not fit budget b.
+func budgetRefusalCode(b *registry.BudgetPolicy, cost int64) string {
+	if b == nil || cost > b.WeightedTokens {
+		return codeRequestTooLarge
+	}
+	return codeBudgetExhausted
+}
+
 func budgetError(resetIn time.Duration, st registry.BudgetStatus, b *registry.BudgetPolicy, cost int64) *apiError {
 	budget, period := int64(0), "period"
 	if b != nil {
@@ -366,22 +375,15 @@ func upstreamQuotaError(wait time.Duration) *apiError {
 func tenantQuotaDims(t *registry.Tenant, snap limiter.Snapshot) []quotaDim {
 	var dims []quotaDim
 	l := t.Policy().Limits
+	// The reset is the limiter's own time until the bucket is full, debt
+	// included (a soft-limited tenant may be below 0).
 	if snap.TokensLimitPerMinute > 0 && l.WeightedPerMinute != nil {
-		burst := *l.WeightedPerMinute / 6
-		if l.WeightedBurst != nil && *l.WeightedBurst >= 1 {
-			burst = *l.WeightedBurst
-		}
-		burst = max(burst, 1)
 		dims = append(dims, quotaDim{unit: "tokens", limit: snap.TokensLimitPerMinute, remaining: snap.TokensRemaining,
-			reset: refillTime(burst-snap.TokensRemaining, snap.TokensLimitPerMinute)})
+			reset: snap.TokensReset})
 	}
 	if snap.RequestsRemaining >= 0 && l.RequestsPerMinute != nil && *l.RequestsPerMinute > 0 {
-		burst := max(*l.RequestsPerMinute/6, 1)
-		if l.RequestBurst != nil && *l.RequestBurst >= 1 {
-			burst = *l.RequestBurst
-		}
 		dims = append(dims, quotaDim{unit: "requests", limit: *l.RequestsPerMinute, remaining: snap.RequestsRemaining,
-			reset: refillTime(burst-snap.RequestsRemaining, *l.RequestsPerMinute)})
+			reset: snap.RequestsReset})
 	}
 	return dims
 }

@@ -55,7 +55,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		g.refuse(w, t, aerr)
 		return
 	}
-	if aerr := req.applyPlanCap(t.Policy().MaxOutputTokensPerRequest); aerr != nil {
+	if aerr := req.applyPlanCap(t.Policy().MaxOutputTokensPerRequest, t.Policy().DryRun); aerr != nil {
 		g.refuse(w, t, aerr)
 		return
 	}
@@ -64,7 +64,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		g.refuse(w, t, badRequest(codeModelNotFound, "The model "+strconv.Quote(req.model)+" is not served by this pool."))
 		return
 	}
-	c, aerr := g.admit(g.clock.Now(), t, pool, m, req.promptTokens, req.maxOutput, throttle.Interactive)
+	c, aerr := g.admit(g.clock.Now(), t, pool, m, req.promptTokens, req.maxOutput, throttle.Interactive, req.wouldRefuse)
 	if aerr != nil {
 		g.refuse(w, t, req.explainDefault(aerr, pool))
 		return
@@ -263,8 +263,11 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	for clientOK {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
+			// The slice ReadSlice returned is only valid until the next
+			// read: copy it before reading the rest of the line.
+			head := append([]byte(nil), line...)
 			rest, err2 := br.ReadBytes('\n')
-			line, err = append(append([]byte(nil), line...), rest...), err2
+			line, err = append(head, rest...), err2
 		}
 		event = append(event, line...)
 		if isBlankLine(line) {

@@ -120,6 +120,10 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 type queued struct {
 	model string
 	cost  limiter.Cost
+	// wouldRefuse: the code Enforce would have refused the job with at
+	// submission (a DryRun tenant's job over its output cap); admission at
+	// dispatch then charges the limiter nothing and counts it once.
+	wouldRefuse string
 }
 
 // submitJob serves POST /v1/jobs: 202 with the job, or a refusal. A job
@@ -168,7 +172,7 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pol := t.Policy()
-	if aerr := req.applyPlanCap(pol.MaxOutputTokensPerRequest); aerr != nil {
+	if aerr := req.applyPlanCap(pol.MaxOutputTokensPerRequest, pol.DryRun); aerr != nil {
 		g.refuse(w, t, aerr)
 		return
 	}
@@ -200,12 +204,11 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, t, req.explainDefault(rejectionError(rej), pool))
 		return
 	}
-	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok {
-		if !pol.DryRun {
-			g.refuse(w, t, budgetError(resetIn, st, pol.Budget, cost.Weighted))
-			return
-		}
-		g.dryRunRejection(t, codeBudgetExhausted)
+	// A DryRun tenant's job over its budget is accepted; its admission at
+	// dispatch counts the would-be refusal, once.
+	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok && !pol.DryRun {
+		g.refuse(w, t, budgetError(resetIn, st, pol.Budget, cost.Weighted))
+		return
 	}
 	job, err := g.store.Create(jobs.Job{
 		Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
@@ -224,7 +227,7 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		err = q.Enqueue(now, &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
-			Value: &queued{model: req.model, cost: cost}})
+			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}})
 	})
 	if err != nil {
 		_ = g.store.Delete(job.ID)

@@ -41,8 +41,11 @@ type request struct {
 	// injectMax: the request set no max output and the tenant's plan caps
 	// it, so perChoice is sent upstream as the request's output limit.
 	injectMax bool
-	fields    map[string]json.RawMessage
-	body      []byte
+	// wouldRefuse: the code Enforce would have refused the request with
+	// before admission (a DryRun tenant's request over its output cap).
+	wouldRefuse string
+	fields      map[string]json.RawMessage
+	body        []byte
 }
 
 // readBody reads at most limit bytes of the request body: 413
@@ -125,9 +128,11 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 		if decodeField(req.fields, "n", &n) != nil || (n != nil && *n < 1) {
 			return nil, badRequest(codeInvalidRequest, "\"n\" must be a positive integer.")
 		}
+		// Charged for every choice asked for: the provider is sent n as
+		// given (it refuses n above its own bound, which refunds in full).
 		choices := int64(1)
 		if n != nil {
-			choices = min(*n, 128)
+			choices = *n
 		}
 		// Bound before multiplying: max output x n must never wrap around
 		// (2^62 x 4 would otherwise be charged as 0 or a few tokens).
@@ -147,9 +152,14 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 // own value exceeds the plan's cap is refused with a clear 400"). A request
 // that set no output limit is charged min(pool default, cap) per choice and
 // that limit is sent upstream, so the provider cannot generate more than
-// was charged.
-func (req *request) applyPlanCap(capTokens int64) *apiError {
+// was charged. For a DryRun tenant (dryRun) the refusal is not returned but
+// recorded in req.wouldRefuse, and the request passes unchanged.
+func (req *request) applyPlanCap(capTokens int64, dryRun bool) *apiError {
 	if capTokens <= 0 || req.endpoint == endpointEmbeddings || req.perChoice <= capTokens {
+		return nil
+	}
+	if !req.defaultMaxOutput && dryRun {
+		req.wouldRefuse = codeMaxTokensTooLarge
 		return nil
 	}
 	if !req.defaultMaxOutput {

@@ -757,7 +757,9 @@ func TestCheckHasNoSideEffects(t *testing.T) {
 func TestSnapshot(t *testing.T) {
 	tn := NewTenant(Limits{WeightedPerMinute: i64(6000), RequestsPerMinute: i64(60), MaxConcurrent: i64(3)}, now0)
 	mustAdmit(t, tn, now0, DefaultCostModel.Cost(100, 100)) // 500 weighted, 13 KV blocks
-	want := Snapshot{InFlight: 1, KVBlocks: 13, TokensRemaining: 500, TokensLimitPerMinute: 6000, RequestsRemaining: 9}
+	// 500 of 1000 missing at 100/s: full in 5 s; 1 of 10 requests at 1/s: 1 s.
+	want := Snapshot{InFlight: 1, KVBlocks: 13, TokensRemaining: 500, TokensLimitPerMinute: 6000, RequestsRemaining: 9,
+		TokensReset: 5 * time.Second, RequestsReset: time.Second}
 	if diff := cmp.Diff(want, tn.Snapshot(now0)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}

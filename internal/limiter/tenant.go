@@ -466,16 +466,16 @@ func (t *Tenant) Admit(now time.Time, c Cost) (*Reservation, *Rejection) {
 	if v != admitted {
 		rej, dry := t.refuse(v, dim, &c, &n)
 		if !dry {
-			return nil, rej
+			return nil, newRejection(rej)
 		}
 		r := newReservation()
-		*r = Reservation{t: t, shadow: rej, cost: c}
+		*r = Reservation{t: t, x: &resExtra{shadow: true, rej: rej}, cost: c}
 		return r, nil
 	}
-	on, gens := t.charge(&c, &n)
+	on, gens, x := t.charge(&c, &n)
 	t.mu.Unlock()
 	r := newReservation()
-	*r = Reservation{t: t, cost: c, gens: gens, charged: on, over: over}
+	*r = Reservation{t: t, x: x, cost: c, gens: gens, charged: on, over: over}
 	return r, nil
 }
 
@@ -498,15 +498,25 @@ func (t *Tenant) AdmitInto(now time.Time, c Cost, r *Reservation) *Rejection {
 		rej, dry := t.refuse(v, dim, &c, &n)
 		if !dry {
 			*r = Reservation{}
-			return rej
+			return newRejection(rej)
 		}
-		*r = Reservation{t: t, shadow: rej, cost: c}
+		*r = Reservation{t: t, x: &resExtra{shadow: true, rej: rej}, cost: c}
 		return nil
 	}
-	on, gens := t.charge(&c, &n)
+	on, gens, x := t.charge(&c, &n)
 	t.mu.Unlock()
-	*r = Reservation{t: t, cost: c, gens: gens, charged: on, over: over}
+	*r = Reservation{t: t, x: x, cost: c, gens: gens, charged: on, over: over}
 	return nil
+}
+
+// ShadowInto records in *r a shadow reservation (Limits.DryRun) for a
+// request of cost c that a check outside the limiter would have refused
+// with reason (the tenant's budget, or a per-request cap): it charges
+// nothing and holds nothing, and its DryRunRejection reports reason. It
+// settles like any shadow reservation. It does not allocate beyond the
+// record of the refusal.
+func (t *Tenant) ShadowInto(c Cost, reason Reason, r *Reservation) {
+	*r = Reservation{t: t, x: &resExtra{shadow: true, rej: Rejection{Reason: reason}}, cost: c}
 }
 
 // refuse builds the Rejection of a refusal under the lock, releases the
@@ -514,25 +524,37 @@ func (t *Tenant) AdmitInto(now time.Time, c Cost, r *Reservation) *Rejection {
 // shadow reservation). It is the cold path of Admit and AdmitInto.
 //
 //go:noinline
-func (t *Tenant) refuse(v verdict, dim int, c *Cost, need *[numDims]float64) (*Rejection, bool) {
+func (t *Tenant) refuse(v verdict, dim int, c *Cost, need *[numDims]float64) (Rejection, bool) {
 	rej := t.rejectionOf(v, dim, c, need)
 	dry := t.dryRun
 	t.mu.Unlock()
-	return newRejection(rej), dry
+	return rej, dry
 }
 
 // charge takes need from every limited bucket, a concurrency slot and the KV
-// blocks of c, under the lock, and returns what it charged.
-func (t *Tenant) charge(c *Cost, need *[numDims]float64) (on uint8, gens [numDims]uint16) {
+// blocks of c, under the lock, and returns what it charged. A bucket's debt
+// stops at -capacity (BC-29), so a soft-limited tenant deep in debt may be
+// charged less than need: x then records what was not taken, so that
+// settlement never refunds tokens that were never paid (BC-15); it is nil
+// (no allocation) in the usual case.
+func (t *Tenant) charge(c *Cost, need *[numDims]float64) (on uint8, gens [numDims]uint16, x *resExtra) {
 	on = t.on
 	for i := range numDims {
 		if on&(1<<i) != 0 {
-			t.tokens[i] = max(-t.capacity[i], t.tokens[i]-need[i])
+			after := t.tokens[i] - need[i]
+			if after < -t.capacity[i] {
+				if x == nil {
+					x = &resExtra{}
+				}
+				x.untaken[i] = -t.capacity[i] - after
+				after = -t.capacity[i]
+			}
+			t.tokens[i] = after
 		}
 	}
 	t.inFlight++
 	t.kv += c.KVBlocks
-	return on, t.gens
+	return on, t.gens, x
 }
 
 // Snapshot is a tenant's live figures for status and response headers.
@@ -547,12 +569,16 @@ func (t *Tenant) charge(c *Cost, need *[numDims]float64) (on uint8, gens [numDim
 //     or KV limit, or a bucket holds less than one token. Under Limits.DryRun
 //     it is computed the same way (the limits bind in the shadow decisions;
 //     shadow reservations are not counted in InFlight or KVBlocks).
+//   - TokensReset, RequestsReset: the time until the weighted and the
+//     request bucket are full again, debt included (0 when full or
+//     unlimited).
 type Snapshot struct {
-	InFlight, KVBlocks   int64
-	TokensRemaining      int64
-	TokensLimitPerMinute int64
-	RequestsRemaining    int64
-	Limited              bool
+	InFlight, KVBlocks         int64
+	TokensRemaining            int64
+	TokensLimitPerMinute       int64
+	RequestsRemaining          int64
+	Limited                    bool
+	TokensReset, RequestsReset time.Duration
 }
 
 // Snapshot returns the tenant's figures at now.
@@ -571,11 +597,13 @@ func (t *Tenant) Snapshot(now time.Time) Snapshot {
 	if t.on&(1<<dimWeighted) != 0 {
 		s.TokensRemaining = t.remaining(dimWeighted)
 		s.TokensLimitPerMinute = t.perMinute[dimWeighted]
+		s.TokensReset = t.untilFull(dimWeighted)
 	} else if t.perMinute[dimWeighted] == 0 {
 		s.TokensRemaining, s.TokensLimitPerMinute = 0, 0
 	}
 	if t.on&(1<<dimRequests) != 0 {
 		s.RequestsRemaining = t.remaining(dimRequests)
+		s.RequestsReset = t.untilFull(dimRequests)
 	} else if t.perMinute[dimRequests] == 0 {
 		s.RequestsRemaining = 0
 	}
@@ -593,12 +621,34 @@ func (t *Tenant) Snapshot(now time.Time) Snapshot {
 type Reservation struct {
 	_       noCopy
 	t       *Tenant
-	shadow  *Rejection // non-nil for a shadow reservation
+	x       *resExtra // nil in the usual case: see resExtra
 	cost    Cost
 	gens    [numDims]uint16
 	charged uint8 // bit i: rate bucket i was charged
 	over    bool
 	done    bool // guarded by t.mu
+}
+
+// resExtra is the rare part of a Reservation, allocated only when needed so
+// that the common Reservation stays small: a shadow reservation's would-be
+// Rejection (Limits.DryRun), or the tokens a charge could not take because
+// the bucket's debt stopped at -capacity (soft limit).
+type resExtra struct {
+	shadow  bool
+	rej     Rejection
+	untaken [numDims]float64
+}
+
+// isShadow reports whether r is a shadow reservation (DryRun).
+func (r *Reservation) isShadow() bool { return r.x != nil && r.x.shadow }
+
+// untakenWeighted is the weighted tokens the charge could not take (whole
+// tokens, rounded).
+func (r *Reservation) untakenWeighted() int64 {
+	if r.x == nil {
+		return 0
+	}
+	return int64(math.Round(r.x.untaken[dimWeighted]))
 }
 
 // Cost returns the charge recorded at admission (for a shadow reservation,
@@ -615,14 +665,20 @@ func (r *Reservation) OverLimit() bool { return r.over }
 // reservation that was admitted and charged. The caller counts it as a
 // would-be refusal (metrics, status) and serves the request anyway. The
 // pointer is the reservation's own record: it stays valid and does not change.
-func (r *Reservation) DryRunRejection() *Rejection { return r.shadow }
+func (r *Reservation) DryRunRejection() *Rejection {
+	if !r.isShadow() {
+		return nil
+	}
+	return &r.x.rej
+}
 
 // Settlement is the outcome of settling a reservation, in weighted tokens.
 // Applied is false when the reservation had already been settled (the zero
 // Settlement).
 //
-//   - ChargedWeighted: what admission charged to the weighted bucket (the
-//     cost's Weighted; 0 for a shadow reservation).
+//   - ChargedWeighted: what admission took from the weighted bucket: the
+//     cost's Weighted, less what a soft-limited tenant's debt floor
+//     (-capacity) kept it from taking; 0 for a shadow reservation.
 //   - UsedWeighted: the request's actual spend, which the caller settles the
 //     tenant's period budget with: the weighted usage from Usage, the charge
 //     when usage is unknown (Complete), 0 (Cancel). A shadow reservation
@@ -663,7 +719,7 @@ func (c *Cost) used(u Usage) (p, o, w int64) {
 func (r *Reservation) Complete(now time.Time, u Usage) Settlement {
 	c := &r.cost
 	usedP, usedO, usedW := c.used(u)
-	if r.shadow != nil {
+	if r.isShadow() {
 		if !r.settle(0, nil) {
 			return Settlement{}
 		}
@@ -673,7 +729,8 @@ func (r *Reservation) Complete(now time.Time, u Usage) Settlement {
 	if !r.settle(now.UnixNano(), &delta) {
 		return Settlement{}
 	}
-	return Settlement{Applied: true, ChargedWeighted: c.Weighted, UsedWeighted: usedW, RefundedWeighted: c.Weighted - usedW}
+	charged := c.Weighted - r.untakenWeighted()
+	return Settlement{Applied: true, ChargedWeighted: charged, UsedWeighted: usedW, RefundedWeighted: charged - usedW}
 }
 
 // Cancel settles a request that failed before the provider processed it (no
@@ -685,7 +742,7 @@ func (r *Reservation) Complete(now time.Time, u Usage) Settlement {
 // nothing and returns Settlement{Applied: true}, once.
 func (r *Reservation) Cancel(now time.Time) Settlement {
 	c := &r.cost
-	if r.shadow != nil {
+	if r.isShadow() {
 		if !r.settle(0, nil) {
 			return Settlement{}
 		}
@@ -695,7 +752,8 @@ func (r *Reservation) Cancel(now time.Time) Settlement {
 	if !r.settle(now.UnixNano(), &delta) {
 		return Settlement{}
 	}
-	return Settlement{Applied: true, ChargedWeighted: c.Weighted, UsedWeighted: 0, RefundedWeighted: c.Weighted}
+	charged := c.Weighted - r.untakenWeighted()
+	return Settlement{Applied: true, ChargedWeighted: charged, UsedWeighted: 0, RefundedWeighted: charged}
 }
 
 // settle credits delta[i] (debits when negative) to every bucket the
@@ -718,10 +776,20 @@ func (r *Reservation) settle(ns int64, delta *[numDims]int64) bool {
 	}
 	t.advance(ns)
 	for i := range numDims {
-		if r.charged&t.on&(1<<i) == 0 || t.gens[i] != r.gens[i] || delta[i] == 0 {
+		if r.charged&t.on&(1<<i) == 0 || t.gens[i] != r.gens[i] {
 			continue
 		}
-		t.tokens[i] = max(-t.capacity[i], min(t.capacity[i], t.tokens[i]+float64(delta[i])))
+		// The refund is what was taken minus what was used: never more
+		// than was paid (BC-15), also when the charge stopped at the debt
+		// floor.
+		d := float64(delta[i])
+		if r.x != nil {
+			d -= r.x.untaken[i]
+		}
+		if d == 0 {
+			continue
+		}
+		t.tokens[i] = max(-t.capacity[i], min(t.capacity[i], t.tokens[i]+d))
 	}
 	t.inFlight = max(0, t.inFlight-1)
 	t.kv = max(0, t.kv-r.cost.KVBlocks)
