@@ -56,10 +56,119 @@ func benchEnqueueDequeue(b *testing.B, tenants, jobs int, eligible func(string, 
 	}
 }
 
+// BenchmarkEnqueueDequeue runs the same workload on this queue (impl=drr)
+// and on a weighted fair queue built on container/heap (impl=heap, see
+// heapWFQ) in the same run; the brief's targets are drr at least 3x faster
+// than heap at 100k tenants and 1M jobs, 0 allocs/op, and drr at 1M jobs at
+// most 1.5x drr at 10k jobs.
 func BenchmarkEnqueueDequeue(b *testing.B) {
-	b.Run("tenants=100k/jobs=1M", func(b *testing.B) { benchEnqueueDequeue(b, 100_000, 1_000_000, nil) })
-	b.Run("tenants=1k/jobs=10k", func(b *testing.B) { benchEnqueueDequeue(b, 1_000, 10_000, nil) })
-	b.Run("tenants=10/jobs=10k", func(b *testing.B) { benchEnqueueDequeue(b, 10, 10_000, nil) })
+	for _, size := range []struct {
+		name          string
+		tenants, jobs int
+	}{
+		{"tenants=100k/jobs=1M", 100_000, 1_000_000},
+		{"tenants=1k/jobs=10k", 1_000, 10_000},
+		{"tenants=10/jobs=10k", 10, 10_000},
+	} {
+		b.Run(size.name+"/impl=drr", func(b *testing.B) { benchEnqueueDequeue(b, size.tenants, size.jobs, nil) })
+		b.Run(size.name+"/impl=heap", func(b *testing.B) { benchHeapWFQ(b, size.tenants, size.jobs) })
+	}
+}
+
+// heapWFQ is the container/heap peer of the benchmark: self-clocked weighted
+// fair queueing (S. J. Golestani, INFOCOM 1994) with one heap entry per
+// queued job keyed by its virtual finish tag, start = max(virtual time,
+// tenant's last finish), finish = start + cost*1024/weight. It does the same
+// scheduling job as DRR by weighted cost but keeps no ID index and no
+// deadline index, so it does less work per job than Queue.
+type heapWFQ struct {
+	tenants map[string]*wfqTenant
+	h       wfqHeap
+	vtime   int64
+	free    []*wfqItem
+}
+
+type wfqTenant struct {
+	weight, lastFinish int64
+}
+
+type wfqItem struct {
+	job    *Job
+	finish int64
+	seq    uint64
+	index  int
+}
+
+type wfqHeap []*wfqItem
+
+func (h wfqHeap) Len() int { return len(h) }
+func (h wfqHeap) Less(i, j int) bool {
+	return h[i].finish < h[j].finish || h[i].finish == h[j].finish && h[i].seq < h[j].seq
+}
+func (h wfqHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *wfqHeap) Push(x any)   { it := x.(*wfqItem); it.index = len(*h); *h = append(*h, it) }
+func (h *wfqHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}
+
+var wfqSeq uint64
+
+func (w *heapWFQ) enqueue(j *Job) {
+	t := w.tenants[j.Tenant]
+	if t == nil {
+		t = &wfqTenant{weight: 1}
+		w.tenants[j.Tenant] = t
+	}
+	var it *wfqItem
+	if n := len(w.free); n > 0 {
+		it, w.free = w.free[n-1], w.free[:n-1]
+	} else {
+		it = &wfqItem{}
+	}
+	start := max(w.vtime, t.lastFinish)
+	t.lastFinish = start + j.Cost*1024/t.weight
+	wfqSeq++
+	it.job, it.finish, it.seq = j, t.lastFinish, wfqSeq
+	heap.Push(&w.h, it)
+}
+
+func (w *heapWFQ) dequeue() *Job {
+	if len(w.h) == 0 {
+		return nil
+	}
+	it := heap.Pop(&w.h).(*wfqItem)
+	w.vtime = it.finish
+	j := it.job
+	it.job = nil
+	w.free = append(w.free, it)
+	return j
+}
+
+func benchHeapWFQ(b *testing.B, tenants, jobs int) {
+	w := &heapWFQ{tenants: make(map[string]*wfqTenant)}
+	names := make([]string, tenants)
+	for i := range names {
+		names[i] = "tenant-" + strconv.Itoa(i)
+	}
+	deadline := now0.Add(time.Hour)
+	for i := range jobs {
+		w.enqueue(&Job{ID: "job-" + strconv.Itoa(i), Tenant: names[i%tenants], Cost: 1000, Deadline: deadline})
+	}
+	b.ReportAllocs()
+	next := 0
+	for b.Loop() {
+		j := w.dequeue()
+		next += 7919
+		if next >= tenants {
+			next %= tenants
+		}
+		j.Tenant = names[next]
+		w.enqueue(j)
+	}
 }
 
 // BenchmarkEnqueueDequeueEligible adds an eligibility predicate that refuses
@@ -109,8 +218,10 @@ func BenchmarkContainerHeap(b *testing.B) {
 }
 
 // BenchmarkMemoryPerJob reports the queue's memory per queued job beyond the
-// Job struct itself (index entry, deadline index, tenant state), measured
-// with 1M jobs over 100k tenants (brief target: at most 64 bytes).
+// Job struct itself (index entry, deadline index, tenant state) as B/job,
+// that plus the queue's links inside Job (jobLinkBytes) as
+// B/job-incl-links, and the whole Job struct, measured with 1M jobs over
+// 100k tenants (brief target: at most 64 bytes per job excluding the body).
 func BenchmarkMemoryPerJob(b *testing.B) {
 	const tenants, n = 100_000, 1_000_000
 	for b.Loop() {
@@ -130,7 +241,9 @@ func BenchmarkMemoryPerJob(b *testing.B) {
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/job")
+		ext := float64(after.HeapAlloc-before.HeapAlloc) / n
+		b.ReportMetric(ext, "B/job")
+		b.ReportMetric(ext+float64(jobLinkBytes), "B/job-incl-links")
 		b.ReportMetric(float64(unsafeSizeofJob), "B/Job-struct")
 		runtime.KeepAlive(q)
 		runtime.KeepAlive(jobs)

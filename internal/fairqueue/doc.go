@@ -31,6 +31,29 @@
 // KV request must not block small ones, BC-32), at most MaxBypass times per
 // head job, so the large job's wait stays bounded.
 //
+// Aging and the wait bound (seed 002 section 6: "add aging so a low-weight
+// tenant doesn't starve indefinitely"). DRR alone already bounds the wait: a
+// job of cost c at the head of a weight-w tenant's queue is dispatched by the
+// tenant's ceil(c/(Quantum*w))-th visit, and between two visits every other
+// tenant j dispatches at most Quantum*w_j + C_j - 1 weighted tokens (C_j its
+// largest job), so at most ceil(c/(Quantum*w)) * sum_j(Quantum*w_j + C_j - 1)
+// tokens go to others first (RoundTokens, WaitBound). With quantum 1000, a
+// weight-1 tenant's 8000-token job against a weight-100 tenant of 1000-token
+// jobs waits exactly 800,000 tokens (bound 807,992). Config.MaxWaitTokens
+// caps that: the queue counts weighted tokens dispatched pool-wide (one
+// counter) and notes, per tenant, the count when its head job became head;
+// once the difference reaches MaxWaitTokens, the tenant's next eligible visit
+// raises its deficit to the job's cost, so the job goes on that visit and the
+// wait is at most MaxWaitTokens - 1 + sum_j(Quantum*w_j + C_j - 1). This is
+// O(1) (one comparison per visit, 8 bytes per tenant, nothing per job). Set
+// above the DRR bound of the tenants' normal jobs, aging never fires and the
+// shares are exactly DRR's; set below it, a low-weight tenant's large job is
+// served sooner, at the price of a share above its weight for that job. The
+// wait in seconds is the bound divided by the pool's rate in weighted tokens
+// per second. The bounds assume every tenant eligible and not deprioritised,
+// no Lookahead bypass and no Requeue; an ineligible or deprioritised
+// competitor only lowers the tokens that pass.
+//
 // Cost: O(1) amortised per job; jobs are linked into intrusive lists (no
 // allocation per job beyond the caller's Job), tenants into a ring, and jobs
 // are indexed by ID for O(1) Cancel.

@@ -84,6 +84,13 @@ func (j *Job) expiredAt(now time.Time) bool {
 //     stays over its limit it gets 1/divisor of its weighted share of a
 //     contended queue (seed 002 section 5, soft limit: "admit but
 //     deprioritise"); alone it still gets everything (work-conserving).
+//   - MaxWaitTokens: aging (seed 002 section 6, "add aging so a low-weight
+//     tenant doesn't starve indefinitely"), in weighted tokens dispatched
+//     pool-wide; 0 turns aging off. When a tenant's head job has been its
+//     head while at least MaxWaitTokens tokens were dispatched, the tenant's
+//     next eligible visit raises its deficit to the job's Cost, so the job is
+//     dispatched on that visit: within one more round. See AgingBound for the
+//     resulting bound and RoundBound for the bound DRR gives without aging.
 type Config struct {
 	Quantum                int64
 	MaxTotal               int
@@ -93,6 +100,7 @@ type Config struct {
 	Lookahead              int
 	MaxBypass              int
 	DeprioritisedDivisor   int64
+	MaxWaitTokens          int64
 }
 
 // DefaultDeprioritisedDivisor is Config.DeprioritisedDivisor's default: a
@@ -132,6 +140,7 @@ type tenantQ struct {
 	mark       uint64   // pass in which the tenant was last eligible
 	need       int64    // cost of the job it wanted in that pass
 	dep        bool     // deprioritised in that pass
+	headAt     int64    // Queue.served when the current head job became head
 }
 
 func (t *tenantQ) first() *Job {
@@ -177,12 +186,14 @@ type Queue struct {
 	granted bool     // cur has received its quantum for this visit
 	nActive int
 	pass    uint64
+	served  int64 // weighted tokens dispatched so far (the aging clock)
 
 	// last is the job the latest Dequeue returned and lastDeficit its
 	// tenant's deficit before that job was charged, so that Requeue can undo
 	// the Dequeue exactly, even when it emptied the tenant's queue.
 	last        *Job
 	lastDeficit int64
+	lastHeadAt  int64
 
 	buckets map[int64]*dbucket
 	bheap   bucketHeap
@@ -343,6 +354,7 @@ func (q *Queue) added(t *tenantQ, j *Job) {
 func (q *Queue) activate(t *tenantQ) {
 	t.active = true
 	t.deficit = 0
+	t.headAt = q.served
 	if q.cur == nil {
 		t.prev, t.next = t, t
 		q.cur, q.granted = t, false
@@ -381,6 +393,9 @@ func (q *Queue) deactivate(t *tenantQ) {
 // remove unlinks a queued job from everything; it leaves the deficit alone
 // except that a tenant whose queue empties leaves the round.
 func (q *Queue) remove(t *tenantQ, j *Job) {
+	if j.prev == &t.head { // the next job becomes head: its wait starts now
+		t.headAt = q.served
+	}
 	j.prev.next = j.next
 	j.next.prev = j.prev
 	j.prev, j.next = nil, nil
@@ -475,12 +490,16 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 				t.deficit += q.quantum(t)
 				q.granted = true
 			}
+			if pick.Cost > t.deficit && q.aged(t, pick) {
+				t.deficit = pick.Cost // aging: served on this visit
+			}
 			if pick.Cost <= t.deficit {
 				if pick != t.first() {
 					t.first().bypassed++
 				}
-				q.last, q.lastDeficit = pick, t.deficit
+				q.last, q.lastDeficit, q.lastHeadAt = pick, t.deficit, t.headAt
 				t.deficit -= pick.Cost
+				q.served += pick.Cost
 				q.remove(t, pick)
 				return pick, expired
 			}
@@ -496,6 +515,12 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 		}
 	}
 	return nil, expired
+}
+
+// aged reports whether pick is t's head job and has waited, as head, while
+// at least Config.MaxWaitTokens weighted tokens were dispatched.
+func (q *Queue) aged(t *tenantQ, pick *Job) bool {
+	return q.cfg.MaxWaitTokens > 0 && pick == t.first() && q.served-t.headAt >= q.cfg.MaxWaitTokens
 }
 
 // pick returns the job tenant t would dispatch now: its head if eligible,
@@ -581,11 +606,19 @@ func (q *Queue) Requeue(j *Job) {
 	// had, instead of at the end of the round (which would starve a tenant
 	// whose last job the throttle keeps refusing).
 	undo := j == q.last && !t.active
+	last := j == q.last
 	q.last = nil
 	j.prev, j.next = &t.head, t.head.next
 	t.head.next.prev = j
 	t.head.next = j
 	q.added(t, j)
+	t.headAt = q.served // the job is head again; its wait restarts
+	if last {
+		// The dispatch is undone: it no longer counts on the aging clock,
+		// and the job's wait as head resumes where it was.
+		q.served -= j.Cost
+		t.headAt = q.lastHeadAt
+	}
 	if undo {
 		q.cur, q.granted, t.deficit = t, true, q.lastDeficit
 		return
@@ -749,4 +782,48 @@ func (q *Queue) Tenants() []TenantStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
 	return out
+}
+
+// TenantLoad describes one competing tenant for RoundTokens: its weight and
+// the largest Cost among its jobs, in weighted tokens.
+type TenantLoad struct {
+	Weight, MaxCost int64
+}
+
+// RoundTokens returns the most weighted tokens the tenants in others can
+// dispatch between two consecutive visits of the round to some other tenant:
+// the sum over others of quantum*Weight + MaxCost - 1. A tenant leaves a visit
+// with a deficit below the cost of its head job (at most MaxCost-1), gains
+// quantum*Weight on its next visit and dispatches at most what it then holds
+// (Shreedhar and Varghese 1995, lemma 2; seed 002 section 6, aging).
+func RoundTokens(quantum int64, others []TenantLoad) int64 {
+	var r int64
+	for _, o := range others {
+		r += quantum*max(1, o.Weight) + max(1, o.MaxCost) - 1
+	}
+	return r
+}
+
+// WaitBound returns the most weighted tokens dispatched to other tenants
+// between a job of the given cost becoming the head of a tenant's queue and
+// its dispatch, the tenant having the given weight, with quantum and maxWait
+// as Config.Quantum and Config.MaxWaitTokens, and others as for RoundTokens.
+// Without aging (maxWait 0) the job needs at most ceil(cost/(quantum*weight))
+// visits, each preceded by at most one round: ceil(cost/(quantum*weight)) *
+// RoundTokens. With aging the job is dispatched on the first visit at which
+// at least maxWait tokens have passed, so the bound is also at most
+// maxWait - 1 + RoundTokens; WaitBound returns the smaller. It holds while
+// every tenant is eligible, none is deprioritised (a deprioritised tenant's
+// quantum is divided by Config.DeprioritisedDivisor), no Lookahead bypass and
+// no Requeue happens, and others lists every tenant active during the wait.
+// To bound the wait in seconds, divide by the pool's dispatch rate in
+// weighted tokens per second.
+func WaitBound(quantum, weight, cost, maxWait int64, others []TenantLoad) int64 {
+	per := quantum * max(1, weight)
+	round := RoundTokens(quantum, others)
+	b := (cost + per - 1) / per * round
+	if maxWait > 0 {
+		b = min(b, maxWait-1+round)
+	}
+	return b
 }
