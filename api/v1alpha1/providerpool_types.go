@@ -218,6 +218,18 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Maximum=100000000
 	QuantumTokens int64 `json:"quantumTokens,omitempty"`
 
+	// maxWaitTokens turns on aging in the fair queue, in weighted tokens: once
+	// this many weighted tokens have been dispatched pool-wide since a
+	// tenant's job reached the head of its queue, the tenant's next eligible
+	// turn dispatches it, whatever its weight. It bounds the wait of a
+	// low-weight tenant's large job (docs/architecture.md gives the bound).
+	// Unset: no aging (plain deficit round robin, which bounds the wait by
+	// weight and cost alone).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000
+	MaxWaitTokens *int64 `json:"maxWaitTokens,omitempty"`
+
 	// maxQueuedJobs bounds the jobs queued in the pool across all tenants: the
 	// memory guard behind the per-tenant bounds. Defaults to 100000.
 	// +optional

@@ -32,6 +32,7 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 		IdentMode:              string(s.TenantIdentification.Mode),
 		IdentHeader:            s.TenantIdentification.Header,
 		Quantum:                s.Scheduler.QuantumTokens,
+		MaxWaitTokens:          derefInt64(s.Scheduler.MaxWaitTokens),
 		MaxQueuedJobs:          int(s.Scheduler.MaxQueuedJobs),
 		UpstreamTimeout:        time.Duration(defaultTimeoutSeconds) * time.Second,
 	}
@@ -113,4 +114,12 @@ func copyInt64(p *int64) *int64 {
 	}
 	v := *p
 	return &v
+}
+
+// derefInt64 returns *p, or 0 when p is nil.
+func derefInt64(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

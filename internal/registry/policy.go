@@ -79,6 +79,9 @@ type PoolPolicy struct {
 	IdentMode, IdentHeader string
 	// Quantum is the deficit-round-robin quantum, in weighted tokens.
 	Quantum int64
+	// MaxWaitTokens turns on the fair queue's aging (fairqueue.Config), in
+	// weighted tokens dispatched; 0 is off.
+	MaxWaitTokens int64
 	// MaxQueuedJobs bounds the jobs queued across all tenants.
 	MaxQueuedJobs int
 	// UpstreamTimeout bounds one upstream call.

@@ -437,7 +437,7 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 	tenants := r.tenantListLocked()
 	r.mu.Unlock()
 
-	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0}
+	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0, MaxWaitTokens: max(p.MaxWaitTokens, 0)}
 	r.qmu.Lock()
 	if want != r.qcfg && r.queue.Total() == 0 {
 		r.queue, r.qcfg = fairqueue.New(want), want

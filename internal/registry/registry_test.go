@@ -256,3 +256,28 @@ func TestForceReserveBudget(t *testing.T) {
 		t.Errorf("after DryRun spend of 1300: %+v, want used 1300, remaining 0", st)
 	}
 }
+
+// TestPoolAgingReachesTheQueue: the pool's maxWaitTokens configures the
+// fair queue's aging; unset, aging is off.
+func TestPoolAgingReachesTheQueue(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	p := testPool()
+	p.MaxWaitTokens = 500000
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	r.qmu.Lock()
+	got := r.qcfg.MaxWaitTokens
+	r.qmu.Unlock()
+	if got != 500000 {
+		t.Errorf("queue MaxWaitTokens = %d, want 500000", got)
+	}
+	p.MaxWaitTokens = 0
+	_ = r.SetPool(p)
+	r.qmu.Lock()
+	got = r.qcfg.MaxWaitTokens
+	r.qmu.Unlock()
+	if got != 0 {
+		t.Errorf("queue MaxWaitTokens = %d after unsetting, want 0", got)
+	}
+}

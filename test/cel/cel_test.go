@@ -123,6 +123,7 @@ func TestCreateValidation(t *testing.T) {
 		"empty poolRef name":     {gvk: tqGVK, spec: with(validTenant(), "poolRef.name", ""), wantErr: []string{"spec.poolRef.name"}},
 		"bad tenantID":           {gvk: tqGVK, spec: with(validTenant(), "tenantID", "Not_Valid!"), wantErr: []string{"spec.tenantID"}},
 		"bad enforcement":        {gvk: tqGVK, spec: with(validTenant(), "enforcement", "Maybe"), wantErr: []string{"spec.enforcement", "Unsupported value"}},
+		"maxWaitTokens 0":        {gvk: poolGVK, spec: with(validPool(), "scheduler.maxWaitTokens", 0), wantErr: []string{"spec.scheduler.maxWaitTokens", "greater than or equal to 1"}},
 		"bad mode":               {gvk: tqGVK, spec: with(validTenant(), "mode", "Audit"), wantErr: []string{"spec.mode", "Unsupported value"}},
 		"DryRun is valid":        {gvk: tqGVK, spec: with(validTenant(), "mode", "DryRun")},
 		"max output 0":           {gvk: tqGVK, spec: with(validTenant(), "maxOutputTokensPerRequest", 0), wantErr: []string{"spec.maxOutputTokensPerRequest", "greater than or equal to 1"}},
