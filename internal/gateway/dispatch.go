@@ -518,7 +518,7 @@ func (d *dispatcher) finish(now time.Time, id, tenant string, st jobs.Status, e 
 // it for the tenant and the metrics.
 func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status, e jobs.Error, resp json.RawMessage, u *jobs.Usage) {
 	g := d.g
-	_, err := g.store.Update(id, func(j *jobs.Job) error {
+	job, err := g.store.Update(id, func(j *jobs.Job) error {
 		if j.Status.Finished() {
 			return errors.New("already finished")
 		}
@@ -546,6 +546,7 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 			t.AddCompleted()
 		}
 	}
+	g.notifyWebhook(job)
 }
 
 // cancel cancels a queued job (in the fair queue or waiting for a retry
@@ -576,6 +577,7 @@ func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
 		return j, false
 	}
 	g.metrics.JobsFinished.WithLabelValues(string(jobs.StatusCancelled)).Inc()
+	g.notifyWebhook(j)
 	d.wake()
 	return j, true
 }

@@ -72,7 +72,9 @@ const (
 type Options struct {
 	// Registry is the live policy and runtime state (required).
 	Registry *registry.Registry
-	// Store holds batch jobs; nil uses an in-memory store.
+	// Store holds batch jobs; nil uses an in-memory store. When it is a
+	// jobs.PendingLister (MemStore, BoltStore), the queued and running jobs
+	// it holds at New are queued again by Run (see recover).
 	Store jobs.Store
 	// Clock drives admission times and the dispatcher's timers; nil is the
 	// real clock. Tests inject k8s.io/utils/clock/testing.FakeClock.
@@ -113,6 +115,10 @@ type Gateway struct {
 	sem      chan struct{}
 	mux      *http.ServeMux
 	dispatch *dispatcher
+	// pending are the store's unfinished jobs at New, queued again by Run.
+	pending []jobs.Job
+	// hooks delivers completion webhooks; stopped when Run returns.
+	hooks *webhookNotifier
 
 	// upstreamCalls counts calls made to the provider (tests, status).
 	upstreamCalls atomic.Int64
@@ -148,6 +154,10 @@ func New(o Options) *Gateway {
 		sem: make(chan struct{}, o.UpstreamConcurrency),
 	}
 	g.dispatch = newDispatcher(g)
+	g.hooks = newWebhookNotifier(g)
+	if pl, ok := o.Store.(jobs.PendingLister); ok {
+		g.pending = pl.Pending()
+	}
 	g.reg.OnChange(g.dispatch.wake)
 	g.reg.OnTenantRemoved(g.tenantRemoved)
 	g.mux = http.NewServeMux()
@@ -155,6 +165,7 @@ func New(o Options) *Gateway {
 	g.mux.HandleFunc("POST "+endpointCompletions, g.interactive(endpointCompletions))
 	g.mux.HandleFunc("POST "+endpointEmbeddings, g.interactive(endpointEmbeddings))
 	g.mux.HandleFunc("POST /v1/jobs", g.submitJob)
+	g.mux.HandleFunc("POST /v1/jobs/bulk", g.submitBulk)
 	g.mux.HandleFunc("GET /v1/jobs", g.listJobs)
 	g.mux.HandleFunc("GET /v1/jobs/{id}", g.getJob)
 	g.mux.HandleFunc("DELETE /v1/jobs/{id}", g.cancelJob)
@@ -188,9 +199,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.mux.ServeHTTP(w, r)
 }
 
-// Run runs the dispatcher until ctx is cancelled; it waits for the upstream
-// calls it started to finish before returning.
+// Run queues again the jobs left in the store by a previous run (recover),
+// then runs the dispatcher until ctx is cancelled; it waits for the
+// upstream calls it started to finish before returning.
 func (g *Gateway) Run(ctx context.Context) error {
+	// Deliveries in progress stop with Run; their jobs keep the webhook
+	// status "pending".
+	defer g.hooks.stop()
+	if err := g.recover(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	return g.dispatch.run(ctx)
 }
 

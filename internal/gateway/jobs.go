@@ -14,6 +14,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
 // Paging bounds of GET /v1/jobs.
@@ -25,23 +26,33 @@ const (
 // jobView is the JSON shape of a job in the job API. Times are RFC 3339
 // (UTC, nanoseconds), null while unset.
 type jobView struct {
-	ID          string          `json:"id"`
-	Object      string          `json:"object"`
-	Tenant      string          `json:"tenant"`
-	Status      jobs.Status     `json:"status"`
-	Endpoint    string          `json:"endpoint"`
-	Model       string          `json:"model"`
-	CreatedAt   *time.Time      `json:"created_at"`
-	StartedAt   *time.Time      `json:"started_at"`
-	FinishedAt  *time.Time      `json:"finished_at"`
-	Deadline    *time.Time      `json:"deadline"`
-	Attempts    int             `json:"attempts"`
+	ID         string      `json:"id"`
+	Object     string      `json:"object"`
+	Tenant     string      `json:"tenant"`
+	Status     jobs.Status `json:"status"`
+	Endpoint   string      `json:"endpoint"`
+	Model      string      `json:"model"`
+	CreatedAt  *time.Time  `json:"created_at"`
+	StartedAt  *time.Time  `json:"started_at"`
+	FinishedAt *time.Time  `json:"finished_at"`
+	Deadline   *time.Time  `json:"deadline"`
+	Attempts   int         `json:"attempts"`
+	// Recovered: the job was running when its scheduler stopped and was
+	// queued again at restart (at-least-once toward the provider).
+	Recovered   bool            `json:"recovered"`
 	DispatchSeq int64           `json:"dispatch_seq"`
 	QueueWaitMS *int64          `json:"queue_wait_ms"`
 	Usage       *jobs.Usage     `json:"usage"`
 	Response    json.RawMessage `json:"response"`
 	Error       *jobs.Error     `json:"error"`
 	Metadata    json.RawMessage `json:"metadata"`
+	// WebhookURL is the completion webhook's URL, null when none was given.
+	WebhookURL *string `json:"webhook_url"`
+	// WebhookStatus is null without a webhook, else "pending" until the job
+	// is finished and delivered, then "delivered" or "failed".
+	WebhookStatus *string `json:"webhook_status"`
+	// WebhookAttempts is the number of delivery attempts made so far.
+	WebhookAttempts int `json:"webhook_attempts"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -56,12 +67,19 @@ func viewOf(j jobs.Job) jobView {
 	v := jobView{
 		ID: j.ID, Object: "job", Tenant: j.Tenant, Status: j.Status, Endpoint: j.Endpoint, Model: j.Model,
 		CreatedAt: timePtr(j.CreatedAt), StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
-		Deadline: timePtr(j.Deadline), Attempts: j.Attempts, DispatchSeq: j.DispatchSeq,
+		Deadline: timePtr(j.Deadline), Attempts: j.Attempts, Recovered: j.Recovered, DispatchSeq: j.DispatchSeq,
 		Usage: j.Usage, Response: j.Response, Error: j.Error, Metadata: j.Metadata,
 	}
 	if !j.StartedAt.IsZero() {
 		ms := j.QueueWait.Milliseconds()
 		v.QueueWaitMS = &ms
+	}
+	if j.WebhookURL != "" {
+		u, st := j.WebhookURL, j.WebhookStatus
+		if st == "" {
+			st = webhookPending
+		}
+		v.WebhookURL, v.WebhookStatus, v.WebhookAttempts = &u, &st, j.WebhookAttempts
 	}
 	if v.Response == nil {
 		v.Response = json.RawMessage("null")
@@ -78,6 +96,9 @@ type submitRequest struct {
 	Body            json.RawMessage `json:"body"`
 	DeadlineSeconds *float64        `json:"deadlineSeconds"`
 	Metadata        json.RawMessage `json:"metadata"`
+	// WebhookURL is the optional completion webhook (validated by
+	// validWebhookURL).
+	WebhookURL string `json:"webhookURL"`
 }
 
 // minDeadline is the shortest deadline a job may ask for: 1 ms (a shorter
@@ -88,7 +109,8 @@ const minDeadline = time.Millisecond
 // refusal names the field at fault: 400 invalid_json when the body is not a
 // JSON object, 400 invalid_request for an ill-typed endpoint or body, 400
 // invalid_deadline for a deadlineSeconds that is not a number of seconds of
-// at least 0.001.
+// at least 0.001, 400 invalid_request for a webhookURL that is not an
+// absolute http or https URL.
 func parseSubmit(raw []byte) (submitRequest, *apiError) {
 	var sr submitRequest
 	var fields map[string]json.RawMessage
@@ -112,6 +134,14 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 		}
 		sr.DeadlineSeconds = d
 	}
+	if err := decodeField(fields, "webhookURL", &sr.WebhookURL); err != nil {
+		return sr, badRequest(codeInvalidRequest, "\"webhookURL\" must be a string.")
+	}
+	if sr.WebhookURL != "" {
+		if msg := validWebhookURL(sr.WebhookURL); msg != "" {
+			return sr, badRequest(codeInvalidRequest, msg)
+		}
+	}
 	return sr, nil
 }
 
@@ -126,11 +156,8 @@ type queued struct {
 	wouldRefuse string
 }
 
-// submitJob serves POST /v1/jobs: 202 with the job, or a refusal. A job
-// that can never fit the tenant's limits is refused now (413
-// request_too_large, BC-10) instead of sitting at the head of the tenant's
-// queue; a full tenant queue is 429 queue_full with a Retry-After estimated
-// from the tenant's token rate.
+// submitJob serves POST /v1/jobs: 202 with the job and its Location, or a
+// refusal (see queueJob).
 func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 	t, pool, aerr := g.identify(r)
 	if aerr != nil {
@@ -147,41 +174,51 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, t, aerr)
 		return
 	}
-	if sr.Endpoint == "" {
-		sr.Endpoint = endpointChat
-	}
-	if sr.Endpoint != endpointChat && sr.Endpoint != endpointCompletions && sr.Endpoint != endpointEmbeddings {
-		g.refuse(w, t, badRequest(codeInvalidEndpoint, fmt.Sprintf("endpoint must be %s, %s or %s.", endpointChat, endpointCompletions, endpointEmbeddings)))
-		return
-	}
-	if len(sr.Metadata) > 0 && !bytes.Equal(sr.Metadata, []byte("null")) && bytes.TrimSpace(sr.Metadata)[0] != '{' {
-		g.refuse(w, t, badRequest(codeInvalidRequest, "metadata must be a JSON object."))
-		return
-	}
-	if b := bytes.TrimSpace(sr.Body); len(b) == 0 || b[0] != '{' {
-		g.refuse(w, t, badRequest(codeInvalidRequest, "The job needs a \"body\" object (an OpenAI request)."))
-		return
-	}
-	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool)
+	job, aerr := g.queueJob(t, pool, sr)
 	if aerr != nil {
 		g.refuse(w, t, aerr)
 		return
 	}
+	w.Header().Set("Location", "/v1/jobs/"+job.ID)
+	writeJSON(w, http.StatusAccepted, viewOf(job))
+}
+
+// queueJob validates one parsed submission of tenant t, stores it and puts
+// it in the fair queue; it returns the stored job or the refusal (not yet
+// written or counted). A job that can never fit the tenant's limits is
+// refused now (413 request_too_large, BC-10) instead of sitting at the head
+// of the tenant's queue; a full tenant queue is 429 queue_full with a
+// Retry-After estimated from the tenant's token rate. POST /v1/jobs and
+// each line of POST /v1/jobs/bulk go through it.
+func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr submitRequest) (jobs.Job, *apiError) {
+	if sr.Endpoint == "" {
+		sr.Endpoint = endpointChat
+	}
+	if sr.Endpoint != endpointChat && sr.Endpoint != endpointCompletions && sr.Endpoint != endpointEmbeddings {
+		return jobs.Job{}, badRequest(codeInvalidEndpoint, fmt.Sprintf("endpoint must be %s, %s or %s.", endpointChat, endpointCompletions, endpointEmbeddings))
+	}
+	if len(sr.Metadata) > 0 && !bytes.Equal(sr.Metadata, []byte("null")) && bytes.TrimSpace(sr.Metadata)[0] != '{' {
+		return jobs.Job{}, badRequest(codeInvalidRequest, "metadata must be a JSON object.")
+	}
+	if b := bytes.TrimSpace(sr.Body); len(b) == 0 || b[0] != '{' {
+		return jobs.Job{}, badRequest(codeInvalidRequest, "The job needs a \"body\" object (an OpenAI request).")
+	}
+	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool)
+	if aerr != nil {
+		return jobs.Job{}, aerr
+	}
 	if req.stream {
-		g.refuse(w, t, badRequest(codeStreamNotSupported, "Batch jobs cannot stream; remove \"stream\"."))
-		return
+		return jobs.Job{}, badRequest(codeStreamNotSupported, "Batch jobs cannot stream; remove \"stream\".")
 	}
 	pol := t.Policy()
 	if aerr := req.applyPlanCap(pol.MaxOutputTokensPerRequest, pol.DryRun); aerr != nil {
-		g.refuse(w, t, aerr)
-		return
+		return jobs.Job{}, aerr
 	}
 	if req.injectMax {
 		// The job is stored with the output limit the plan charged it.
 		b, _, err := req.upstreamBody()
 		if err != nil {
-			g.refuse(w, t, badRequest(codeInvalidRequest, "The request could not be re-encoded."))
-			return
+			return jobs.Job{}, badRequest(codeInvalidRequest, "The request could not be re-encoded.")
 		}
 		sr.Body = b
 	}
@@ -196,28 +233,24 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 	cost := pool.CostModel.Cost(req.promptTokens, req.maxOutput)
 	if m := g.reg.Model(req.model); m != nil {
 		if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
-			g.refuse(w, t, req.explainDefault(providerTooLargeError(req.model, cost.ProviderTokens, lim), pool))
-			return
+			return jobs.Job{}, req.explainDefault(providerTooLargeError(req.model, cost.ProviderTokens, lim), pool)
 		}
 	}
 	if rej := t.Limiter.Check(now, cost); rej != nil && !rej.Retryable {
-		g.refuse(w, t, req.explainDefault(rejectionError(rej), pool))
-		return
+		return jobs.Job{}, req.explainDefault(rejectionError(rej), pool)
 	}
 	// A DryRun tenant's job over its budget is accepted; its admission at
 	// dispatch counts the would-be refusal, once.
 	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok && !pol.DryRun {
-		g.refuse(w, t, budgetError(resetIn, st, pol.Budget, cost.Weighted))
-		return
+		return jobs.Job{}, budgetError(resetIn, st, pol.Budget, cost.Weighted)
 	}
 	job, err := g.store.Create(jobs.Job{
 		Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
 		PromptTokens: req.promptTokens, MaxOutputTokens: req.maxOutput, Metadata: sr.Metadata,
-		CreatedAt: now, Deadline: now.Add(deadline),
+		CreatedAt: now, Deadline: now.Add(deadline), WebhookURL: sr.WebhookURL,
 	})
 	if err != nil {
-		g.refuse(w, t, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: "store_error", message: "The job could not be stored."})
-		return
+		return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: "store_error", message: "The job could not be stored."}
 	}
 	g.reg.WithQueue(func(q *fairqueue.Queue) {
 		// Jobs the dispatcher has taken out and not yet sent still count
@@ -237,23 +270,21 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 			if l := pol.Limits.WeightedPerMinute; l != nil && *l > 0 {
 				wait = max(wait, refillTime(cost.Weighted, *l))
 			}
-			g.refuse(w, t, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeQueueFull,
+			return jobs.Job{}, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeQueueFull,
 				retryAfter: wait, retryable: true,
-				message: fmt.Sprintf("The tenant's job queue is full (%d jobs). Retry in %ds.", pol.MaxQueued, retryAfterSeconds(wait))})
+				message: fmt.Sprintf("The tenant's job queue is full (%d jobs). Retry in %ds.", pol.MaxQueued, retryAfterSeconds(wait))}
 		case errors.Is(err, fairqueue.ErrPoolFull):
-			g.refuse(w, t, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolQueueFull,
-				retryAfter: time.Second, retryable: true, message: "The pool's job queue is full. Retry in 1s."})
+			return jobs.Job{}, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolQueueFull,
+				retryAfter: time.Second, retryable: true, message: "The pool's job queue is full. Retry in 1s."}
 		case errors.Is(err, fairqueue.ErrExpired):
-			g.refuse(w, t, badRequest(codeInvalidDeadline, "deadlineSeconds is too short: the job's deadline has already passed."))
+			return jobs.Job{}, badRequest(codeInvalidDeadline, "deadlineSeconds is too short: the job's deadline has already passed.")
 		default:
-			g.refuse(w, t, badRequest(codeInvalidRequest, "The job could not be queued."))
+			return jobs.Job{}, badRequest(codeInvalidRequest, "The job could not be queued.")
 		}
-		return
 	}
 	g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeQueued).Inc()
 	g.dispatch.wake()
-	w.Header().Set("Location", "/v1/jobs/"+job.ID)
-	writeJSON(w, http.StatusAccepted, viewOf(job))
+	return job, nil
 }
 
 // ownJob returns the tenant's job, or a 404 for a job that does not exist
@@ -277,6 +308,10 @@ func (g *Gateway) getJob(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		writeError(w, aerr)
 		return
+	}
+	if !j.StartedAt.IsZero() {
+		// The queue wait of a started job (issue 4 "Per-job queue wait").
+		w.Header().Set("X-Queue-Wait-Ms", strconv.FormatInt(j.QueueWait.Milliseconds(), 10))
 	}
 	writeJSON(w, http.StatusOK, viewOf(j))
 }

@@ -96,6 +96,22 @@ type Job struct {
 	Response json.RawMessage
 	// Error says why the job failed, expired or was cancelled.
 	Error *Error
+	// Recovered is set when the job was running when the scheduler stopped
+	// and was queued again at restart (issue "Durable job store": jobs that
+	// were running are requeued and marked as retried). Delivery toward the
+	// provider is at-least-once: the provider may have received and
+	// processed the interrupted call, and the job is sent again.
+	Recovered bool
+	// WebhookURL, when not empty, is the http or https URL POSTed the job
+	// (its API view) once it reaches a terminal status (docs/api.md
+	// "Batch jobs", completion webhook).
+	WebhookURL string
+	// WebhookStatus is the delivery state of the completion webhook: ""
+	// (no webhook, or the job is not finished), "pending", "delivered" or
+	// "failed" (attempts exhausted, refused, or dropped).
+	WebhookStatus string
+	// WebhookAttempts is the number of webhook delivery attempts made.
+	WebhookAttempts int
 
 	seq uint64
 }
@@ -117,6 +133,13 @@ type Filter struct {
 	After string
 	// Limit is the page size; <= 0 means no limit.
 	Limit int
+}
+
+// PendingLister is implemented by stores that can list every queued or
+// running job of all tenants in submission order (MemStore, BoltStore): the
+// jobs a restarted scheduler queues again.
+type PendingLister interface {
+	Pending() []Job
 }
 
 // Store persists jobs. Implementations are safe for concurrent use and

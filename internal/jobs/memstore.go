@@ -35,6 +35,21 @@ type MemStore struct {
 	byTenant map[string]*tenantJobs
 	finished *list.List // of *entry, in finish order
 	counts   map[Status]int
+
+	// persist, when set (BoltStore), writes every change through before it
+	// is applied in memory; pendingDel are the sequence numbers of jobs
+	// pruned from memory and not yet deleted from it (flushed with the next
+	// write, by Prune and by Close).
+	persist    persister
+	pendingDel []uint64
+}
+
+// persister is the write-through backend of a MemStore: write stores put
+// (when not nil) under its sequence number, records seq as the store's
+// sequence and deletes the jobs of sequence numbers del, in one atomic
+// transaction. When it fails nothing was written.
+type persister interface {
+	write(put *Job, seq uint64, del []uint64) error
 }
 
 type entry struct {
@@ -86,9 +101,13 @@ func seqOf(id string) (uint64, bool) {
 func (s *MemStore) Create(j Job) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.seq++
-	j.seq = s.seq
+	seq := s.seq + 1
+	j.seq = seq
 	j.ID = newID(j.seq)
+	if err := s.writeLocked(&j, nil); err != nil {
+		return Job{}, err
+	}
+	s.seq = seq
 	e := &entry{job: j}
 	s.byID[j.ID] = e
 	tj := s.byTenant[j.Tenant]
@@ -129,6 +148,9 @@ func (s *MemStore) Update(id string, fn func(j *Job) error) (Job, error) {
 		return e.job, err
 	}
 	j.ID, j.Tenant, j.seq = e.job.ID, e.job.Tenant, e.job.seq
+	if err := s.writeLocked(&j, nil); err != nil {
+		return e.job, err
+	}
 	if j.Status != e.job.Status {
 		s.counts[e.job.Status]--
 		s.counts[j.Status]++
@@ -152,7 +174,27 @@ func (s *MemStore) Delete(id string) error {
 	if !ok {
 		return ErrNotFound
 	}
+	if err := s.writeLocked(nil, []uint64{e.job.seq}); err != nil {
+		return err
+	}
 	s.removeLocked(e)
+	return nil
+}
+
+// writeLocked writes put and the deletions pending (plus del) through to
+// the persister, if any; the pending deletions are cleared once written.
+func (s *MemStore) writeLocked(put *Job, del []uint64) error {
+	if s.persist == nil {
+		return nil
+	}
+	seq := s.seq
+	if put != nil {
+		seq = max(seq, put.seq)
+	}
+	if err := s.persist.write(put, seq, append(del, s.pendingDel...)); err != nil {
+		return err
+	}
+	s.pendingDel = s.pendingDel[:0]
 	return nil
 }
 
@@ -188,6 +230,10 @@ func (s *MemStore) Prune(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
+	if len(s.pendingDel) > 0 {
+		// A failed flush is retried with the next write.
+		_ = s.writeLocked(nil, nil)
+	}
 }
 
 func (s *MemStore) pruneLocked(now time.Time) {
@@ -197,7 +243,25 @@ func (s *MemStore) pruneLocked(now time.Time) {
 			return
 		}
 		s.removeLocked(e)
+		if s.persist != nil {
+			s.pendingDel = append(s.pendingDel, e.job.seq)
+		}
 	}
+}
+
+// Pending returns the jobs that are queued or running, of all tenants, in
+// submission order: what a restarted scheduler must queue again.
+func (s *MemStore) Pending() []Job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Job
+	for _, e := range s.byID {
+		if !e.job.Status.Finished() {
+			out = append(out, e.job)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
+	return out
 }
 
 // List implements Store.

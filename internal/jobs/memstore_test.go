@@ -2,10 +2,12 @@ package jobs
 
 import (
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -19,83 +21,198 @@ func ids(list []Job) []string {
 	return out
 }
 
-func TestMemStoreListPagesByTenantAndStatus(t *testing.T) {
-	s := NewMemStore(clocktesting.NewFakeClock(t0), 0, 0)
-	var a []string
-	for i := range 5 {
-		j, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a = append(a, j.ID)
-		if _, err := s.Create(Job{Tenant: "b", Status: StatusQueued}); err != nil {
-			t.Fatal(err)
-		}
-		if i%2 == 1 {
-			if _, err := s.Update(j.ID, func(j *Job) error { j.Status = StatusSucceeded; j.FinishedAt = t0; return nil }); err != nil {
+// testStore is a Store under the conformance suite: Prune and Pending as
+// MemStore's, and reopen, which for a durable store closes it and opens
+// the same file again (for MemStore it prunes and returns the same store).
+type testStore interface {
+	Store
+	PendingLister
+	Prune(now time.Time)
+}
+
+// storeKinds are the implementations the conformance suite runs against.
+var storeKinds = []struct {
+	name string
+	open func(t *testing.T, clk clock.PassiveClock, retention time.Duration, maxFinished int) (s testStore, reopen func() testStore)
+}{
+	{"MemStore", func(t *testing.T, clk clock.PassiveClock, retention time.Duration, maxFinished int) (testStore, func() testStore) {
+		s := NewMemStore(clk, retention, maxFinished)
+		// A durable store prunes at load; the in-memory one at its next prune.
+		return s, func() testStore { s.Prune(clk.Now()); return s }
+	}},
+	{"BoltStore", func(t *testing.T, clk clock.PassiveClock, retention time.Duration, maxFinished int) (testStore, func() testStore) {
+		path := filepath.Join(t.TempDir(), "jobs.db")
+		open := func() *BoltStore {
+			s, err := OpenBolt(path, clk, retention, maxFinished, time.Second)
+			if err != nil {
 				t.Fatal(err)
 			}
+			return s
 		}
-	}
-	page, more, err := s.List("a", Filter{Limit: 2})
-	if err != nil || !more {
-		t.Fatalf("page 1: more %v, %v", more, err)
-	}
-	if d := cmp.Diff(a[:2], ids(page)); d != "" {
-		t.Errorf("page 1 (-want +got):\n%s", d)
-	}
-	page, more, _ = s.List("a", Filter{Limit: 2, After: page[1].ID})
-	if d := cmp.Diff(a[2:4], ids(page)); d != "" || !more {
-		t.Errorf("page 2 (-want +got):\n%s", d)
-	}
-	page, more, _ = s.List("a", Filter{Limit: 2, After: page[1].ID})
-	if d := cmp.Diff(a[4:], ids(page)); d != "" || more {
-		t.Errorf("page 3 (-want +got):\n%s more %v", d, more)
-	}
-	done, _, _ := s.List("a", Filter{Status: StatusSucceeded})
-	if d := cmp.Diff([]string{a[1], a[3]}, ids(done)); d != "" {
-		t.Errorf("succeeded (-want +got):\n%s", d)
-	}
-	if _, _, err := s.List("a", Filter{After: "bogus"}); !errors.Is(err, ErrInvalidCursor) {
-		t.Errorf("bogus cursor: %v", err)
-	}
-	if d := cmp.Diff(map[Status]int{StatusQueued: 8, StatusSucceeded: 2}, s.Counts()); d != "" {
-		t.Errorf("counts (-want +got):\n%s", d)
-	}
-	if err := s.Delete(a[0]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Get(a[0]); !errors.Is(err, ErrNotFound) {
-		t.Errorf("deleted job: %v", err)
-	}
-	// A cursor that no longer exists still pages.
-	page, _, _ = s.List("a", Filter{After: a[0]})
-	if d := cmp.Diff(a[1:], ids(page)); d != "" {
-		t.Errorf("after a deleted id (-want +got):\n%s", d)
+		cur := open()
+		t.Cleanup(func() { _ = cur.Close() })
+		return cur, func() testStore {
+			if err := cur.Close(); err != nil {
+				t.Fatal(err)
+			}
+			cur = open()
+			return cur
+		}
+	}},
+}
+
+// forEachStore runs test against every store kind.
+func forEachStore(t *testing.T, test func(t *testing.T, open func(clk clock.PassiveClock, retention time.Duration, maxFinished int) (testStore, func() testStore))) {
+	for _, k := range storeKinds {
+		t.Run(k.name, func(t *testing.T) {
+			test(t, func(clk clock.PassiveClock, retention time.Duration, maxFinished int) (testStore, func() testStore) {
+				return k.open(t, clk, retention, maxFinished)
+			})
+		})
 	}
 }
 
-func TestMemStoreRetention(t *testing.T) {
-	fc := clocktesting.NewFakeClock(t0)
-	s := NewMemStore(fc, time.Hour, 2)
-	var fin []string
-	for range 3 {
-		j, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
-		_, _ = s.Update(j.ID, func(j *Job) error { j.Status, j.FinishedAt = StatusFailed, fc.Now(); return nil })
-		fin = append(fin, j.ID)
-	}
-	queued, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
-	if _, err := s.Get(fin[0]); !errors.Is(err, ErrNotFound) {
-		t.Errorf("oldest finished job kept beyond the bound of 2: %v", err)
-	}
-	fc.Step(time.Hour)
-	s.Prune(fc.Now())
-	for _, id := range fin[1:] {
-		if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {
-			t.Errorf("finished job %s kept beyond the retention: %v", id, err)
+func TestStoreListPagesByTenantAndStatus(t *testing.T) {
+	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
+		s, reopen := open(clocktesting.NewFakeClock(t0), 0, 0)
+		var a []string
+		for i := range 5 {
+			j, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a = append(a, j.ID)
+			if _, err := s.Create(Job{Tenant: "b", Status: StatusQueued}); err != nil {
+				t.Fatal(err)
+			}
+			if i%2 == 1 {
+				if _, err := s.Update(j.ID, func(j *Job) error { j.Status = StatusSucceeded; j.FinishedAt = t0; return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
-	}
-	if _, err := s.Get(queued.ID); err != nil {
-		t.Errorf("queued job pruned: %v", err)
-	}
+		s = reopen()
+		page, more, err := s.List("a", Filter{Limit: 2})
+		if err != nil || !more {
+			t.Fatalf("page 1: more %v, %v", more, err)
+		}
+		if d := cmp.Diff(a[:2], ids(page)); d != "" {
+			t.Errorf("page 1 (-want +got):\n%s", d)
+		}
+		page, more, _ = s.List("a", Filter{Limit: 2, After: page[1].ID})
+		if d := cmp.Diff(a[2:4], ids(page)); d != "" || !more {
+			t.Errorf("page 2 (-want +got):\n%s", d)
+		}
+		page, more, _ = s.List("a", Filter{Limit: 2, After: page[1].ID})
+		if d := cmp.Diff(a[4:], ids(page)); d != "" || more {
+			t.Errorf("page 3 (-want +got):\n%s more %v", d, more)
+		}
+		done, _, _ := s.List("a", Filter{Status: StatusSucceeded})
+		if d := cmp.Diff([]string{a[1], a[3]}, ids(done)); d != "" {
+			t.Errorf("succeeded (-want +got):\n%s", d)
+		}
+		if _, _, err := s.List("a", Filter{After: "bogus"}); !errors.Is(err, ErrInvalidCursor) {
+			t.Errorf("bogus cursor: %v", err)
+		}
+		if d := cmp.Diff(map[Status]int{StatusQueued: 8, StatusSucceeded: 2}, s.Counts()); d != "" {
+			t.Errorf("counts (-want +got):\n%s", d)
+		}
+		if err := s.Delete(a[0]); err != nil {
+			t.Fatal(err)
+		}
+		s = reopen()
+		if _, err := s.Get(a[0]); !errors.Is(err, ErrNotFound) {
+			t.Errorf("deleted job: %v", err)
+		}
+		// A cursor that no longer exists still pages.
+		page, _, _ = s.List("a", Filter{After: a[0]})
+		if d := cmp.Diff(a[1:], ids(page)); d != "" {
+			t.Errorf("after a deleted id (-want +got):\n%s", d)
+		}
+		// Pending: queued and running jobs of all tenants in submission order.
+		pend := ids(s.Pending())
+		if len(pend) != 7 || pend[0] > pend[6] {
+			t.Errorf("pending: %v", pend)
+		}
+		// Ids keep growing after a reopen: a new job sorts after all others.
+		j, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.ID <= a[4] {
+			t.Errorf("new id %s does not sort after %s", j.ID, a[4])
+		}
+	})
+}
+
+func TestStoreRetention(t *testing.T) {
+	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
+		fc := clocktesting.NewFakeClock(t0)
+		s, reopen := open(fc, time.Hour, 2)
+		var fin []string
+		for range 3 {
+			j, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
+			_, _ = s.Update(j.ID, func(j *Job) error { j.Status, j.FinishedAt = StatusFailed, fc.Now(); return nil })
+			fin = append(fin, j.ID)
+			fc.Step(time.Minute)
+		}
+		queued, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
+		s = reopen()
+		if _, err := s.Get(fin[0]); !errors.Is(err, ErrNotFound) {
+			t.Errorf("oldest finished job kept beyond the bound of 2: %v", err)
+		}
+		if d := cmp.Diff(map[Status]int{StatusQueued: 1, StatusFailed: 2}, s.Counts()); d != "" {
+			t.Errorf("counts (-want +got):\n%s", d)
+		}
+		// fin[1] finished at t0+1m: gone at t0+1h+1m; fin[2] at t0+2m stays.
+		fc.SetTime(t0.Add(time.Hour + time.Minute))
+		s.Prune(fc.Now())
+		s = reopen()
+		if _, err := s.Get(fin[1]); !errors.Is(err, ErrNotFound) {
+			t.Errorf("finished job %s kept beyond the retention: %v", fin[1], err)
+		}
+		if _, err := s.Get(fin[2]); err != nil {
+			t.Errorf("finished job %s pruned before the retention: %v", fin[2], err)
+		}
+		// Pruned while closed: reopening after the retention prunes at load.
+		fc.Step(time.Hour)
+		s = reopen()
+		if _, err := s.Get(fin[2]); !errors.Is(err, ErrNotFound) {
+			t.Errorf("finished job %s kept beyond the retention after a reopen: %v", fin[2], err)
+		}
+		if _, err := s.Get(queued.ID); err != nil {
+			t.Errorf("queued job pruned: %v", err)
+		}
+		if d := cmp.Diff(map[Status]int{StatusQueued: 1}, s.Counts()); d != "" {
+			t.Errorf("counts (-want +got):\n%s", d)
+		}
+	})
+}
+
+func TestStoreUpdate(t *testing.T) {
+	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
+		s, reopen := open(clocktesting.NewFakeClock(t0), 0, 0)
+		j, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
+		boom := errors.New("boom")
+		if got, err := s.Update(j.ID, func(j *Job) error { j.Status = StatusRunning; return boom }); !errors.Is(err, boom) || got.Status != StatusQueued {
+			t.Errorf("aborted update: %v, status %s", err, got.Status)
+		}
+		got, err := s.Update(j.ID, func(x *Job) error { x.ID, x.Tenant, x.Status, x.Attempts = "job_x", "b", StatusRunning, 1; return nil })
+		if err != nil || got.ID != j.ID || got.Tenant != "a" || got.Status != StatusRunning {
+			t.Errorf("update: %+v, %v", got, err)
+		}
+		s = reopen()
+		if got, _ := s.Get(j.ID); got.Status != StatusRunning || got.Attempts != 1 || got.Tenant != "a" {
+			t.Errorf("after reopen: %+v", got)
+		}
+		if _, err := s.Update("job_0000000000000099deadbeef", func(*Job) error { return nil }); !errors.Is(err, ErrNotFound) {
+			t.Errorf("update of an unknown id: %v", err)
+		}
+		if err := s.Delete("job_0000000000000099deadbeef"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("delete of an unknown id: %v", err)
+		}
+		if d := cmp.Diff(map[Status]int{StatusRunning: 1}, s.Counts()); d != "" {
+			t.Errorf("counts (-want +got):\n%s", d)
+		}
+	})
 }

@@ -58,6 +58,9 @@ type Metrics struct {
 	// Enforce would have refused, by tenant and reason (the error code
 	// Enforce would have answered).
 	DryRunRejections *prometheus.CounterVec
+	// WebhookDeliveries counts completion-webhook outcomes: delivered,
+	// retried, failed, dropped (no tenant label, to bound series).
+	WebhookDeliveries *prometheus.CounterVec
 	// QueueWait observes the time a batch job waited before its first
 	// upstream call, in seconds (no tenant label).
 	QueueWait prometheus.Histogram
@@ -100,6 +103,10 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			"Requests and jobs of tenants in mode DryRun that Enforce would have refused (they were admitted), "+
 				"by tenant and reason (the error code Enforce would have answered)."),
 			[]string{"tenant", "reason"}),
+		WebhookDeliveries: prometheus.NewCounterVec(opts("webhook_deliveries_total",
+			"Completion webhook outcomes: delivered (2xx), retried (an attempt failed and another follows), "+
+				"failed (attempts exhausted or a final refusal), dropped (too many deliveries in progress)."),
+			[]string{"outcome"}),
 		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "queue_wait_seconds",
 			Help:    "Time a batch job waited in the fair queue before its first upstream call, in seconds.",
@@ -107,7 +114,7 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 		}),
 	}
 	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
-		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.QueueWait)
+		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
 	}

@@ -39,6 +39,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 	"github.com/fairshare-dev/fairshare/internal/gateway"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/kube"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
@@ -59,6 +60,10 @@ type Flags struct {
 	// HTTPAddr, MetricsAddr and HealthAddr override the settings' listen
 	// addresses when not empty (several processes on one machine).
 	HTTPAddr, MetricsAddr, HealthAddr string
+	// JobStore is the path of the durable job store (a bbolt file, see
+	// jobs.BoltStore); empty keeps jobs in memory (lost on restart). The
+	// operator renders jobs.DefaultPath on the pool's volume.
+	JobStore string
 	// Zap are the logging flags (--zap-log-level, --zap-devel, ...).
 	Zap zap.Options
 }
@@ -72,6 +77,8 @@ func ParseFlags(args []string) (Flags, error) {
 	fs.StringVar(&f.HTTPAddr, "http-addr", "", "Listen address of the gateway (overrides the settings' httpAddr).")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "Listen address of /metrics (overrides the settings' metricsAddr; \"0\" disables).")
 	fs.StringVar(&f.HealthAddr, "health-addr", "", "Listen address of /healthz and /readyz (overrides the settings' healthAddr; \"0\" disables).")
+	fs.StringVar(&f.JobStore, "job-store", "", "Path of the durable job store file (bbolt), for example "+jobs.DefaultPath+
+		". Empty: jobs are kept in memory and lost on restart.")
 	f.Zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return Flags{}, err
@@ -109,7 +116,7 @@ func Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
+	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), f.JobStore, log)
 }
 
 func restConfig(path string) (*rest.Config, error) {
@@ -119,7 +126,7 @@ func restConfig(path string) (*rest.Config, error) {
 	return ctrl.GetConfig()
 }
 
-func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey string, log logr.Logger) error {
+func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey, jobStore string, log logr.Logger) error {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
@@ -158,7 +165,20 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 	if err := kube.SetupWithManager(mgr, reg, state, s.Namespace, s.PoolName); err != nil {
 		return err
 	}
-	gw := gateway.New(gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey,
+	var store jobs.Store // nil: the gateway keeps jobs in memory
+	if jobStore != "" {
+		bs, err := jobs.OpenBolt(jobStore, clk, 0, 0, 0)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := bs.Close(); err != nil {
+				log.Error(err, "closing the job store")
+			}
+		}()
+		store = bs
+	}
+	gw := gateway.New(gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey, Store: store,
 		UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")})
 	if err := mgr.Add(&server{name: "gateway", addr: s.HTTPAddr, handler: gw, leader: true, run: gw.Run, log: log}); err != nil {
 		return err
@@ -195,7 +215,7 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		}
 	}
 	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
-		"leaderElection", s.LeaderElection, "providerKey", providerKey != "")
+		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", jobStore)
 	return mgr.Start(ctx)
 }
 

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// recoverPoll is how often recovery re-checks that the registry has the
+// pool and the tenants loaded before it queues the stored jobs again.
+const recoverPoll = 100 * time.Millisecond
+
+// recoveryStats counts what recover did with the stored jobs (logged).
+type recoveryStats struct {
+	requeued, recovered, expired, failed int
+}
+
+// recover queues again the jobs a previous run of the scheduler left queued
+// or running in a durable store (issue "Durable job store": on restart
+// queues are rebuilt in order with their deadlines; jobs that were running
+// are requeued and marked as retried). It runs in Run before the
+// dispatcher starts, once the registry is Ready (pool policy set and the
+// initial TenantQuotas synced), on the jobs New found in the store, so a
+// job submitted since New is never queued twice.
+//
+// Rules, job by job in submission order:
+//   - the tenant is unknown (its TenantQuota was removed while the
+//     scheduler was down): failed with code tenant_removed;
+//   - the deadline has passed: expired (deadline_exceeded), counted as an
+//     expiry and never charged (BC-35);
+//   - running when the process stopped: back to queued with Attempts kept
+//     and Recovered set. Delivery toward the provider is at-least-once: the
+//     interrupted call may have been processed by the provider, and the job
+//     is sent again;
+//   - otherwise queued at the end of its tenant's queue with the cost of its
+//     stored estimate under the current cost model, as submitJob does. The
+//     tenant's count bound does not apply (the job was admitted before the
+//     restart): it is lifted for the enqueue and set back from the tenant's
+//     policy under the same queue lock. A job refused by the pool-wide
+//     bound or the tenant's token bound is failed with code queue_full.
+//
+// Jobs submitted between New and the end of recovery are queued ahead of
+// the recovered ones of the same tenant.
+func (g *Gateway) recover(ctx context.Context) error {
+	pending := g.pending
+	g.pending = nil
+	if len(pending) == 0 {
+		return nil
+	}
+	for !g.reg.Ready() {
+		t := g.clock.NewTimer(recoverPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			g.pending = pending
+			return ctx.Err()
+		case <-t.C():
+		}
+	}
+	d := g.dispatch
+	now := g.clock.Now()
+	pool := g.reg.Pool()
+	var st recoveryStats
+	for _, j := range pending {
+		t := g.reg.Tenant(j.Tenant)
+		if t == nil {
+			st.failed++
+			d.finish(now, j.ID, j.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
+				Message: "The tenant's TenantQuota was removed while the scheduler was restarting; the job was not sent."})
+			continue
+		}
+		if !now.Before(j.Deadline) {
+			st.expired++
+			d.finish(now, j.ID, j.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
+				Message: "The job reached its deadline before it could be sent."})
+			continue
+		}
+		if j.Status == jobs.StatusRunning {
+			if _, err := g.store.Update(j.ID, func(s *jobs.Job) error {
+				if s.Status != jobs.StatusRunning {
+					return errors.New("job is no longer running")
+				}
+				s.Status, s.Recovered = jobs.StatusQueued, true
+				return nil
+			}); err != nil {
+				continue
+			}
+			st.recovered++
+		}
+		pol := t.Policy()
+		cost := pool.CostModel.Cost(j.PromptTokens, j.MaxOutputTokens)
+		fj := &fairqueue.Job{ID: j.ID, Tenant: j.Tenant, Cost: max(cost.Weighted, 1), Deadline: j.Deadline,
+			Value: &queued{model: j.Model, cost: cost, wouldRefuse: wouldRefuseOf(j, pol.MaxOutputTokensPerRequest, pol.DryRun, pool)}}
+		var err error
+		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			q.SetTenant(j.Tenant, pol.Weight, -1)
+			err = q.Enqueue(now, fj)
+			q.SetTenant(j.Tenant, pol.Weight, pol.MaxQueued)
+		})
+		switch {
+		case err == nil:
+			st.requeued++
+		case errors.Is(err, fairqueue.ErrExpired):
+			st.expired++
+			d.expire(now, []*fairqueue.Job{fj})
+		case errors.Is(err, fairqueue.ErrDuplicateID):
+			// Already queued (cannot happen: pending jobs are queued only here).
+		default:
+			st.failed++
+			d.finish(now, j.ID, j.Tenant, jobs.StatusFailed, jobs.Error{Code: codeQueueFull,
+				Message: fmt.Sprintf("The job could not be queued again after a restart: %v.", err)})
+		}
+	}
+	g.log.Info("recovered stored jobs", "requeued", st.requeued, "wereRunning", st.recovered,
+		"expired", st.expired, "failed", st.failed)
+	d.wake()
+	return nil
+}
+
+// wouldRefuseOf recomputes queued.wouldRefuse of a stored job (not stored):
+// the refusal a DryRun tenant's job over its output cap would have had.
+// Only a DryRun tenant with a cap can have one, so other jobs are not
+// parsed again.
+func wouldRefuseOf(j jobs.Job, capTokens int64, dryRun bool, pool *registry.PoolPolicy) string {
+	if !dryRun || capTokens <= 0 || j.Endpoint == endpointEmbeddings {
+		return ""
+	}
+	req, aerr := parseRequest(j.Endpoint, j.Body, pool)
+	if aerr != nil {
+		return ""
+	}
+	if aerr := req.applyPlanCap(capTokens, dryRun); aerr != nil {
+		return ""
+	}
+	return req.wouldRefuse
+}

@@ -1,0 +1,226 @@
+package gateway
+
+import (
+	"context"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// durableEnv is an env whose jobs live in a BoltStore at path; stop cancels
+// Run (as a scheduler shutdown does), closes the HTTP server and the store.
+type durableEnv struct {
+	*env
+	bolt *jobs.BoltStore
+	stop func()
+}
+
+// newDurableEnv starts a gateway like newEnv, on a fake clock at now, with
+// the job store at path. synced false leaves the registry not Ready.
+func newDurableEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, path string, now time.Time, synced bool) *durableEnv {
+	t.Helper()
+	fc := clocktesting.NewFakeClock(now)
+	reg := registry.New(fc)
+	pool := registry.PoolPolicy{Name: "pool", BaseURL: up.srv.URL, Models: []registry.ModelPolicy{{Name: testModel, TokensPerMinute: 1000000, RequestsPerMinute: 10000}},
+		CostModel: limiter.CostModel{InputWeight: 1, OutputWeight: 1}, DefaultMaxOutputTokens: 4096, UpstreamTimeout: 10 * time.Second}
+	if err := reg.SetPool(pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range tenants {
+		if err := reg.UpsertTenant(tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if synced {
+		reg.SetTenantsSynced()
+	}
+	store, err := jobs.OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := prometheus.NewRegistry()
+	gw := New(Options{Registry: reg, Clock: fc, Store: store, Rand: func() float64 { return 0 },
+		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) })})
+	srv := httptest.NewServer(gw)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gw.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		<-done
+		srv.Close()
+		if err := store.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(stop)
+	return &durableEnv{env: &env{t: t, clock: fc, reg: reg, gw: gw, srv: srv, up: up, store: store.MemStore, prom: prom}, bolt: store, stop: stop}
+}
+
+// inQueue reports whether the job is in the fair queue.
+func (e *durableEnv) inQueue(id string) bool {
+	var ok bool
+	e.reg.WithQueue(func(q *fairqueue.Queue) { _, ok = q.Get(id) })
+	return ok
+}
+
+// TestRecoverRequeuesInOrderAndCompletesOnce: jobs submitted while the
+// model is paused are stored; the scheduler stops; a new one on the same
+// file queues them again in submission order with their deadlines, a job
+// that was running comes back queued with Recovered set and its attempts
+// kept, and every job is sent exactly once.
+func TestRecoverRequeuesInOrderAndCompletesOnce(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	e1.pause(10 * time.Second)
+	var a, b []string
+	for i := range 3 {
+		a = append(a, e1.submit("key-a", jobBody(10, 20, "")).ID)
+		if i < 2 {
+			b = append(b, e1.submit("key-b", jobBody(10, 20, "")).ID)
+		}
+	}
+	for _, id := range append(slices.Clone(a), b...) {
+		if !e1.inQueue(id) {
+			t.Fatalf("job %s not queued before the restart", id)
+		}
+	}
+	// a[1] was being sent when the process stopped.
+	if _, err := e1.bolt.Update(a[1], func(j *jobs.Job) error {
+		j.Status, j.Attempts, j.StartedAt, j.DispatchSeq = jobs.StatusRunning, 1, t0, 1
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e1.stop()
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("%d upstream calls while paused", n)
+	}
+
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Minute), true)
+	waitFor(t, "all jobs succeeded", func() bool { return e2.store.Counts()[jobs.StatusSucceeded] == 5 })
+	if n := up.calls.Load(); n != 5 {
+		t.Errorf("upstream calls: got %d, want 5 (each job exactly once)", n)
+	}
+	for _, ids := range [][]string{a, b} {
+		var seqs []int64
+		for _, id := range ids {
+			j, err := e2.store.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, j.DispatchSeq)
+			if j.Deadline != t0.Add(time.Hour) {
+				t.Errorf("job %s deadline %v, want %v", id, j.Deadline, t0.Add(time.Hour))
+			}
+		}
+		if !slices.IsSortedFunc(seqs, func(x, y int64) int { return int(x - y) }) || slices.Contains(seqs, 0) || len(slices.Compact(slices.Clone(seqs))) != len(seqs) {
+			t.Errorf("dispatch order of %v: %v, want increasing", ids, seqs)
+		}
+	}
+	rec, _ := e2.store.Get(a[1])
+	if !rec.Recovered || rec.Attempts != 2 || rec.StartedAt != t0 {
+		t.Errorf("job running at the stop: recovered %v, attempts %d (want true, 2: one before the stop, one after), started %v",
+			rec.Recovered, rec.Attempts, rec.StartedAt)
+	}
+	for _, id := range []string{a[0], a[2], b[0], b[1]} {
+		if j, _ := e2.store.Get(id); j.Recovered || j.Attempts != 1 {
+			t.Errorf("job %s: recovered %v, attempts %d, want false, 1", id, j.Recovered, j.Attempts)
+		}
+	}
+	// A second restart finds nothing to do: finished jobs stay finished.
+	e2.stop()
+	e3 := newDurableEnv(t, up, tenants, path, t0.Add(2*time.Minute), true)
+	if d := e3.store.Counts(); d[jobs.StatusSucceeded] != 5 || len(d) != 1 {
+		t.Errorf("counts after a second restart: %v", d)
+	}
+	e3.stop()
+	if n := up.calls.Load(); n != 5 {
+		t.Errorf("upstream calls after a second restart: %d, want 5", n)
+	}
+}
+
+// TestRecoverExpiresAndFailsUnknownTenants: at restart a job past its
+// deadline is expired (never sent, counted), and a job whose tenant is gone
+// is failed with tenant_removed.
+func TestRecoverExpiresAndFailsUnknownTenants(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	e1 := newDurableEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("c", limiter.Limits{})}, path, t0, true)
+	e1.pause(10 * time.Second)
+	short := e1.submit("key-a", jobBody(10, 20, `,"deadlineSeconds":30`)).ID
+	gone := e1.submit("key-c", jobBody(10, 20, "")).ID
+	e1.stop()
+
+	e2 := newDurableEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})}, path, t0.Add(time.Minute), true)
+	waitFor(t, "both jobs finished", func() bool { return e2.storeStatus(short).Finished() && e2.storeStatus(gone).Finished() })
+	if j, _ := e2.store.Get(short); j.Status != jobs.StatusExpired || j.Error == nil || j.Error.Code != jobCodeDeadline {
+		t.Errorf("short-deadline job: %s %+v", j.Status, j.Error)
+	}
+	if j, _ := e2.store.Get(gone); j.Status != jobs.StatusFailed || j.Error == nil || j.Error.Code != jobCodeTenantRemoved {
+		t.Errorf("job of a removed tenant: %s %+v", j.Status, j.Error)
+	}
+	if got := e2.reg.Snapshot(e2.clock.Now()).Tenants; len(got) != 1 || got[0].Expired != 1 {
+		t.Errorf("tenant snapshot: %+v, want a with 1 expired", got)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("upstream calls: %d, want 0", n)
+	}
+}
+
+// TestRecoverWaitsForTenantsAndIgnoresLoweredBound: recovery does not
+// judge a job's tenant before the registry has synced the TenantQuotas, and
+// queues every stored job even when the tenant's bound was lowered meanwhile
+// (queued work is never dropped); the bound applies again to new jobs.
+func TestRecoverWaitsForTenantsAndIgnoresLoweredBound(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	e1 := newDurableEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})}, path, t0, true)
+	e1.pause(10 * time.Second)
+	var ids []string
+	for range 3 {
+		ids = append(ids, e1.submit("key-a", jobBody(10, 20, "")).ID)
+	}
+	e1.stop()
+
+	lowered := tenant("a", limiter.Limits{})
+	lowered.MaxQueued = 2
+	e2 := newDurableEnv(t, up, []registry.TenantPolicy{lowered}, path, t0.Add(time.Minute), false)
+	e2.pause(10 * time.Second)
+	waitFor(t, "recovery polling", e2.clock.HasWaiters)
+	for _, id := range ids {
+		if e2.inQueue(id) || e2.storeStatus(id) != jobs.StatusQueued {
+			t.Fatalf("job %s judged before the tenants were synced: in queue %v, status %s", id, e2.inQueue(id), e2.storeStatus(id))
+		}
+	}
+	e2.reg.SetTenantsSynced()
+	e2.clock.Step(recoverPoll)
+	waitFor(t, "jobs queued again", func() bool { return e2.inQueue(ids[0]) && e2.inQueue(ids[1]) && e2.inQueue(ids[2]) })
+	resp := e2.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
+	if body := readAll(t, resp); resp.StatusCode != 429 || !strings.Contains(string(body), codeQueueFull) {
+		t.Errorf("new job over the lowered bound: %d %s, want 429 %s", resp.StatusCode, body, codeQueueFull)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("upstream calls: %d, want 0", n)
+	}
+}

@@ -1,0 +1,303 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+)
+
+// Completion webhook delivery (issue 4 "optional completion webhook with
+// retries"; docs/api.md "Batch jobs").
+const (
+	// webhookMaxAttempts bounds delivery attempts per job.
+	webhookMaxAttempts = 5
+	// webhookRetryBase and webhookRetryCap bound the backoff between
+	// attempts: base * 2^(attempt-1), capped, then jittered into [d/2, d]
+	// (so 0.5-1 s, 1-2 s, 2-4 s, 4-8 s with the defaults; never over 60 s).
+	webhookRetryBase = time.Second
+	webhookRetryCap  = time.Minute
+	// webhookTimeout bounds one delivery attempt (connect to last byte).
+	webhookTimeout = 10 * time.Second
+	// webhookConcurrency bounds webhook POSTs in flight per gateway.
+	webhookConcurrency = 16
+	// webhookMaxPending bounds deliveries in progress (in flight or waiting
+	// for a backoff) per gateway; a finished job beyond it is not notified
+	// (webhook_status "failed", counted as dropped) rather than let
+	// goroutines grow without bound.
+	webhookMaxPending = 1024
+	// webhookMaxURLLen bounds the length of a webhookURL, in bytes.
+	webhookMaxURLLen = 2048
+	// webhookJobHeader names the job in every delivery (there is no
+	// per-tenant secret store to sign bodies with).
+	webhookJobHeader = "X-Fairshare-Job-Id"
+	// webhookAttemptHeader is the 1-based attempt number of a delivery.
+	webhookAttemptHeader = "X-Fairshare-Delivery-Attempt"
+)
+
+// Webhook delivery states (jobs.Job.WebhookStatus) and outcomes.
+const (
+	webhookPending   = "pending"
+	webhookDelivered = "delivered"
+	webhookFailed    = "failed"
+
+	// Outcomes counted per attempt or delivery (webhookNotifier.count):
+	// delivered (2xx), retried (an attempt failed, another follows),
+	// failed (attempts exhausted or a permanent refusal), dropped (more
+	// than webhookMaxPending deliveries in progress).
+	webhookOutcomeDelivered = "delivered"
+	webhookOutcomeRetried   = "retried"
+	webhookOutcomeFailed    = "failed"
+	webhookOutcomeDropped   = "dropped"
+)
+
+// validWebhookURL returns "" when s is acceptable as a webhookURL, else the
+// refusal message: an absolute http or https URL with a host, without
+// user info, at most webhookMaxURLLen bytes.
+func validWebhookURL(s string) string {
+	const msg = "\"webhookURL\" must be an absolute http or https URL of at most 2048 bytes, without user info."
+	if len(s) > webhookMaxURLLen {
+		return msg
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.Opaque != "" {
+		return msg
+	}
+	return ""
+}
+
+// webhookNotifier delivers completion webhooks of one gateway. Deliveries
+// run in their own goroutines (at most webhookMaxPending, webhookConcurrency
+// POSTs at once), so the dispatcher never waits for a tenant's endpoint.
+type webhookNotifier struct {
+	g      *Gateway
+	client *http.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	posts  chan struct{} // POSTs in flight
+	slots  chan struct{} // deliveries in progress
+
+	// backoffs counts backoff timers started, incremented once the timer
+	// exists (tests step a fake clock after it).
+	backoffs atomic.Int64
+	// outcomes counts deliveries by outcome (tests; the metric is
+	// fairshare_..._webhook_deliveries_total{outcome}).
+	mu       sync.Mutex
+	outcomes map[string]int
+}
+
+// webhooks returns g's notifier (created by New, stopped when Run returns).
+func (g *Gateway) webhooks() *webhookNotifier { return g.hooks }
+
+func newWebhookNotifier(g *Gateway) *webhookNotifier {
+	ctx, cancel := context.WithCancel(context.Background())
+	dialer := &net.Dialer{Timeout: webhookTimeout, KeepAlive: 30 * time.Second, Control: webhookDialControl}
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           dialer.DialContext,
+		MaxIdleConns:          webhookConcurrency,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   webhookTimeout,
+		ResponseHeaderTimeout: webhookTimeout,
+	}
+	return &webhookNotifier{
+		g: g, ctx: ctx, cancel: cancel,
+		client: &http.Client{Transport: tr, Timeout: webhookTimeout,
+			// Redirects are not followed: a 3xx is a refusal.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		posts:    make(chan struct{}, webhookConcurrency),
+		slots:    make(chan struct{}, webhookMaxPending),
+		outcomes: map[string]int{},
+	}
+}
+
+// webhookDialControl refuses connections to link-local addresses (cloud
+// metadata endpoints such as 169.254.169.254, fe80::/10), unspecified and
+// multicast addresses; it runs after name resolution, so a name resolving
+// there is refused too.
+func webhookDialControl(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
+		ip.IsInterfaceLocalMulticast() {
+		return fmt.Errorf("webhook address %s is not allowed", host)
+	}
+	return nil
+}
+
+// stop cancels deliveries in progress (their jobs stay "pending") and
+// waits for their goroutines.
+func (n *webhookNotifier) stop() {
+	n.cancel()
+	n.wg.Wait()
+}
+
+func (n *webhookNotifier) count(outcome string) {
+	n.mu.Lock()
+	n.outcomes[outcome]++
+	n.mu.Unlock()
+	n.g.metrics.WebhookDeliveries.WithLabelValues(outcome).Inc()
+}
+
+// counts returns the outcome counts so far.
+func (n *webhookNotifier) counts() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := make(map[string]int, len(n.outcomes))
+	for k, v := range n.outcomes {
+		m[k] = v
+	}
+	return m
+}
+
+// notifyWebhook starts the completion webhook of a job that has just
+// reached a terminal status; a job without webhookURL is ignored. It never
+// blocks.
+func (g *Gateway) notifyWebhook(j jobs.Job) {
+	if j.WebhookURL == "" || !j.Status.Finished() {
+		return
+	}
+	g.webhooks().enqueue(j)
+}
+
+func (n *webhookNotifier) enqueue(j jobs.Job) {
+	if n.ctx.Err() != nil {
+		return
+	}
+	select {
+	case n.slots <- struct{}{}:
+	default:
+		n.count(webhookOutcomeDropped)
+		n.setState(j.ID, webhookFailed, false)
+		n.g.log.Info("completion webhook dropped: too many deliveries in progress", "job", j.ID, "max", webhookMaxPending)
+		return
+	}
+	n.setState(j.ID, webhookPending, false)
+	j.WebhookStatus = webhookPending
+	body, err := json.Marshal(viewOf(j))
+	if err != nil {
+		<-n.slots
+		n.count(webhookOutcomeFailed)
+		n.setState(j.ID, webhookFailed, false)
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer func() { <-n.slots }()
+		n.deliver(j.ID, j.WebhookURL, body)
+	}()
+}
+
+// setState records the delivery state in the store (counting an attempt
+// when attempted is true).
+func (n *webhookNotifier) setState(id, state string, attempted bool) {
+	_, _ = n.g.store.Update(id, func(j *jobs.Job) error {
+		j.WebhookStatus = state
+		if attempted {
+			j.WebhookAttempts++
+		}
+		return nil
+	})
+}
+
+// deliver POSTs body to target until a 2xx, a permanent refusal, the last
+// attempt or stop.
+func (n *webhookNotifier) deliver(id, target string, body []byte) {
+	for attempt := 1; ; attempt++ {
+		retry, err := n.post(id, target, body, attempt)
+		if n.ctx.Err() != nil {
+			return // stopped: the job stays pending
+		}
+		if err == nil {
+			n.setState(id, webhookDelivered, true)
+			n.count(webhookOutcomeDelivered)
+			return
+		}
+		if !retry || attempt >= webhookMaxAttempts {
+			n.setState(id, webhookFailed, true)
+			n.count(webhookOutcomeFailed)
+			n.g.log.Info("completion webhook failed", "job", id, "attempts", attempt, "error", err.Error())
+			return
+		}
+		n.setState(id, webhookPending, true)
+		n.count(webhookOutcomeRetried)
+		if !n.sleep(n.backoff(attempt)) {
+			return
+		}
+	}
+}
+
+// backoff is the wait after the given failed attempt (1-based).
+func (n *webhookNotifier) backoff(attempt int) time.Duration {
+	d := min(webhookRetryBase<<min(attempt-1, 10), webhookRetryCap)
+	r := rand.Float64
+	if n.g.rand != nil {
+		r = n.g.rand
+	}
+	return d/2 + time.Duration(r()*float64(d/2))
+}
+
+// sleep waits d on the gateway's clock; false when stopped meanwhile.
+func (n *webhookNotifier) sleep(d time.Duration) bool {
+	t := n.g.clock.NewTimer(d)
+	defer t.Stop()
+	n.backoffs.Add(1)
+	select {
+	case <-t.C():
+		return true
+	case <-n.ctx.Done():
+		return false
+	}
+}
+
+// errWebhookStatus is a non-2xx answer of the webhook endpoint.
+var errWebhookStatus = errors.New("webhook endpoint answered")
+
+// post makes one attempt; retry reports whether a failure may succeed
+// later (network errors, timeouts, 408, 429 and 5xx; other statuses,
+// redirects included, are permanent).
+func (n *webhookNotifier) post(id, target string, body []byte, attempt int) (retry bool, err error) {
+	select {
+	case n.posts <- struct{}{}:
+	case <-n.ctx.Done():
+		return false, n.ctx.Err()
+	}
+	defer func() { <-n.posts }()
+	req, err := http.NewRequestWithContext(n.ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "fairshare-webhook")
+	req.Header.Set(webhookJobHeader, id)
+	req.Header.Set(webhookAttemptHeader, strconv.Itoa(attempt))
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return true, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return false, nil
+	}
+	err = fmt.Errorf("%w %d", errWebhookStatus, resp.StatusCode)
+	return resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests, err
+}
