@@ -53,14 +53,8 @@ type bulkResponse struct {
 // not identified, exceeds the body limit (413 body_too_large), has no job
 // (400 invalid_request) or more than maxBulkLines (413 too_many_jobs).
 func (g *Gateway) submitBulk(w http.ResponseWriter, r *http.Request) {
-	t, pool, aerr := g.identify(r)
-	if aerr != nil {
-		g.refuse(w, nil, aerr)
-		return
-	}
-	raw, aerr := readBody(r, g.maxBody)
-	if aerr != nil {
-		g.refuse(w, t, aerr)
+	t, pool, raw, ok := g.identifyAndRead(w, r)
+	if !ok {
 		return
 	}
 	type line struct {

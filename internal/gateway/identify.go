@@ -48,6 +48,23 @@ func (g *Gateway) identify(r *http.Request) (*registry.Tenant, *registry.PoolPol
 	return t, pool, nil
 }
 
+// identifyAndRead identifies the tenant of r and reads its body (at most
+// the gateway's body limit); on failure it writes the refusal and reports
+// ok false.
+func (g *Gateway) identifyAndRead(w http.ResponseWriter, r *http.Request) (t *registry.Tenant, pool *registry.PoolPolicy, body []byte, ok bool) {
+	t, pool, aerr := g.identify(r)
+	if aerr != nil {
+		g.refuse(w, nil, aerr)
+		return nil, nil, nil, false
+	}
+	body, aerr = readBody(r, g.maxBody)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return nil, nil, nil, false
+	}
+	return t, pool, body, true
+}
+
 // bearer extracts the token of an `Authorization: Bearer <token>` value.
 func bearer(v string) (string, bool) {
 	const prefix = "bearer "

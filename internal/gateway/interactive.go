@@ -40,14 +40,8 @@ func (g *Gateway) refuse(w http.ResponseWriter, t *registry.Tenant, e *apiError)
 // serveInteractive serves one OpenAI request: identify, parse and estimate,
 // admit (never queue), proxy, settle.
 func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpoint string) {
-	t, pool, aerr := g.identify(r)
-	if aerr != nil {
-		g.refuse(w, nil, aerr)
-		return
-	}
-	body, aerr := readBody(r, g.maxBody)
-	if aerr != nil {
-		g.refuse(w, t, aerr)
+	t, pool, body, ok := g.identifyAndRead(w, r)
+	if !ok {
 		return
 	}
 	req, aerr := parseRequest(endpoint, body, pool)

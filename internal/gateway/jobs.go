@@ -159,14 +159,8 @@ type queued struct {
 // submitJob serves POST /v1/jobs: 202 with the job and its Location, or a
 // refusal (see queueJob).
 func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
-	t, pool, aerr := g.identify(r)
-	if aerr != nil {
-		g.refuse(w, nil, aerr)
-		return
-	}
-	raw, aerr := readBody(r, g.maxBody)
-	if aerr != nil {
-		g.refuse(w, t, aerr)
+	t, pool, raw, ok := g.identifyAndRead(w, r)
+	if !ok {
 		return
 	}
 	sr, aerr := parseSubmit(raw)
