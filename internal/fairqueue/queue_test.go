@@ -568,11 +568,9 @@ func TestFairnessSimulation(t *testing.T) {
 		t.Run(fmt.Sprint(weights), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, 7))
 			q := New(Config{Quantum: 1000})
-			var sumW int64
 			for i, w := range weights {
 				name := "t" + strconv.Itoa(i)
 				q.SetTenant(name, w, -1)
-				sumW += w
 				for k := range 20000 {
 					mustEnqueue(t, q, now0, job(name+"-"+strconv.Itoa(k), name, 100+rng.Int64N(2900)))
 				}
@@ -585,17 +583,7 @@ func TestFairnessSimulation(t *testing.T) {
 				tokens[i] += float64(j.Cost)
 				total += float64(j.Cost)
 			}
-			norm := make([]float64, len(weights))
-			for i, w := range weights {
-				ideal := total * float64(w) / float64(sumW)
-				if dev := math.Abs(tokens[i]-ideal) / ideal; dev > 0.05 {
-					t.Errorf("tenant %d (weight %d): %.0f tokens, ideal %.0f (%.2f%% off)", i, w, tokens[i], ideal, dev*100)
-				}
-				norm[i] = tokens[i] / float64(w)
-			}
-			if j := jain(norm); j < 0.99 {
-				t.Errorf("Jain index %.4f, want >= 0.99", j)
-			}
+			checkShares(t, weights, tokens)
 		})
 	}
 }
@@ -850,5 +838,28 @@ func TestBucketKey(t *testing.T) {
 	}
 	if j, exp := q.Dequeue(far, nil); j != nil || len(exp) != 1 {
 		t.Errorf("at the far deadline: %v, %d expired", j, len(exp))
+	}
+}
+
+// checkShares asserts that each tenant's dispatched tokens are within 5% of
+// its weighted share of the total and that Jain's index of tokens/weight is
+// at least 0.99.
+func checkShares(t *testing.T, weights []int64, tokens []float64) {
+	t.Helper()
+	var total, sumW float64
+	for i, w := range weights {
+		total += tokens[i]
+		sumW += float64(w)
+	}
+	norm := make([]float64, len(weights))
+	for i, w := range weights {
+		ideal := total * float64(w) / sumW
+		if dev := math.Abs(tokens[i]-ideal) / ideal; dev > 0.05 {
+			t.Errorf("tenant %d (weight %d): %.0f tokens, ideal %.0f (%.2f%% off)", i, w, tokens[i], ideal, dev*100)
+		}
+		norm[i] = tokens[i] / float64(w)
+	}
+	if j := jain(norm); j < 0.99 {
+		t.Errorf("Jain index %.4f, want >= 0.99", j)
 	}
 }
