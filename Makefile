@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-e2e ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-e2e test-restart ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -87,6 +87,10 @@ test-exercises: ## Seed 002 exercises B and D on the real gateway and simulator,
 .PHONY: test-e2e
 test-e2e: tools ## The demo scenario on the real control plane with the three binaries, asserted.
 	$(GO) test -count=1 -timeout 20m -v ./test/e2e/...
+
+.PHONY: test-restart
+test-restart: tools ## Kill -9 the scheduler mid-import on the real control plane, restart it on the same job store: no job lost or duplicated (about 1 min).
+	$(GO) test -count=1 -timeout 10m -v ./test/restart/...
 
 ##@ Demo and benchmarks
 
