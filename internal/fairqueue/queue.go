@@ -203,6 +203,16 @@ type Queue struct {
 
 // New returns an empty queue.
 func New(cfg Config) *Queue {
+	return &Queue{
+		cfg:     cfg.normalized(),
+		tenants: make(map[string]*tenantQ),
+		byID:    idIndex{seed: maphash.MakeSeed()},
+		buckets: make(map[int64]*dbucket),
+	}
+}
+
+// normalized returns cfg with its defaults filled in.
+func (cfg Config) normalized() Config {
 	if cfg.Quantum < 1 {
 		cfg.Quantum = DefaultQuantum
 	}
@@ -216,13 +226,16 @@ func New(cfg Config) *Queue {
 		cfg.DeprioritisedDivisor = DefaultDeprioritisedDivisor
 	}
 	cfg.Lookahead = max(0, cfg.Lookahead)
-	return &Queue{
-		cfg:     cfg,
-		tenants: make(map[string]*tenantQ),
-		byID:    idIndex{seed: maphash.MakeSeed()},
-		buckets: make(map[int64]*dbucket),
-	}
+	return cfg
 }
+
+// SetConfig applies cfg live, to the queue as it stands (issue: "changing
+// ... applies to queued work as it stands"): no queued job is dropped or
+// reordered and every tenant keeps its deficit and place in the round; a
+// new Quantum or weight default applies from the next quantum granted, a
+// lower MaxTotal only refuses new jobs, and MaxWaitTokens counts waits from
+// when each head job became head (tracked whether aging was on or not).
+func (q *Queue) SetConfig(cfg Config) { q.cfg = cfg.normalized() }
 
 func (q *Queue) weight(t *tenantQ) int64 {
 	if t.weight > 0 {

@@ -75,3 +75,33 @@ func TestDequeueBoolMatchesEligible(t *testing.T) {
 		}
 	}
 }
+
+// TestSetConfigAppliesLive: a new quantum applies to a non-empty queue from
+// the next grant, without dropping or reordering jobs; a lower MaxTotal
+// refuses new jobs but keeps the queued ones.
+func TestSetConfigAppliesLive(t *testing.T) {
+	q := New(Config{Quantum: 100})
+	fill(t, q, "a", 10, 100)
+	fill(t, q, "b", 10, 100)
+	order := func(n int) string {
+		s := ""
+		for range n {
+			j, _ := q.Dequeue(now0, nil)
+			s += j.Tenant
+		}
+		return s
+	}
+	if got := order(4); got != "abab" {
+		t.Fatalf("quantum 100: %q, want abab", got)
+	}
+	q.SetConfig(Config{Quantum: 200, MaxTotal: 5})
+	if got := order(8); got != "aabbaabb" {
+		t.Errorf("quantum 200: %q, want aabbaabb", got)
+	}
+	if q.Total() != 8 {
+		t.Errorf("queued = %d, want 8 (nothing dropped)", q.Total())
+	}
+	if err := q.Enqueue(now0, job("late", "a", 100)); err == nil {
+		t.Error("MaxTotal 5 with 8 queued accepted a job")
+	}
+}

@@ -405,10 +405,10 @@ func throttleConfig(p *PoolPolicy, m ModelPolicy) throttle.Config {
 }
 
 // SetPool validates p and commits it: models are added, reconfigured in
-// place (provider figures and pauses kept) or removed; the queue's quantum
-// and bound change only while the queue is empty (a non-empty queue keeps
-// its configuration until it drains, so no job is dropped). It returns the
-// validation error and changes nothing when p is invalid.
+// place (provider figures and pauses kept) or removed; the queue's quantum,
+// bound and aging apply live to the queue as it stands (no job dropped,
+// deficits kept: fairqueue.Queue.SetConfig). It returns the validation
+// error and changes nothing when p is invalid.
 func (r *Registry) SetPool(p PoolPolicy) error {
 	if err := p.Validate(); err != nil {
 		return err
@@ -434,17 +434,14 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 		}
 	}
 	r.pool.Store(&p)
-	tenants := r.tenantListLocked()
 	r.mu.Unlock()
 
 	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0, MaxWaitTokens: max(p.MaxWaitTokens, 0)}
 	r.qmu.Lock()
-	if want != r.qcfg && r.queue.Total() == 0 {
-		r.queue, r.qcfg = fairqueue.New(want), want
-		for _, t := range tenants {
-			pol := t.Policy()
-			r.queue.SetTenant(t.ID, pol.Weight, pol.MaxQueued)
-		}
+	if want != r.qcfg {
+		// Live: queued jobs, deficits and the round are kept.
+		r.queue.SetConfig(want)
+		r.qcfg = want
 	}
 	r.qmu.Unlock()
 	r.notify()

@@ -281,3 +281,29 @@ func TestPoolAgingReachesTheQueue(t *testing.T) {
 		t.Errorf("queue MaxWaitTokens = %d after unsetting, want 0", got)
 	}
 }
+
+// TestPoolQueueSettingsApplyToANonEmptyQueue: a new quantum and bound reach
+// a queue that holds jobs, and the jobs stay.
+func TestPoolQueueSettingsApplyToANonEmptyQueue(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	p := testPool()
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.UpsertTenant(TenantPolicy{ID: "a", MaxQueued: 10})
+	r.WithQueue(func(q *fairqueue.Queue) {
+		if err := q.Enqueue(t0, &fairqueue.Job{ID: "j1", Tenant: "a", Cost: 10}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	p.Quantum, p.MaxQueuedJobs = 777, 5
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	r.qmu.Lock()
+	cfg, n := r.qcfg, r.queue.Total()
+	r.qmu.Unlock()
+	if cfg.Quantum != 777 || cfg.MaxTotal != 5 || n != 1 {
+		t.Errorf("quantum %d, bound %d, queued %d; want 777, 5, 1", cfg.Quantum, cfg.MaxTotal, n)
+	}
+}
