@@ -119,6 +119,9 @@ type Gateway struct {
 	pending []jobs.Job
 	// hooks delivers completion webhooks; stopped when Run returns.
 	hooks *webhookNotifier
+	// undelivered are the store's finished jobs at New whose webhook was
+	// still pending; Run delivers them again.
+	undelivered []jobs.Job
 
 	// upstreamCalls counts calls made to the provider (tests, status).
 	upstreamCalls atomic.Int64
@@ -155,6 +158,9 @@ func New(o Options) *Gateway {
 	}
 	g.dispatch = newDispatcher(g)
 	g.hooks = newWebhookNotifier(g)
+	if wl, ok := o.Store.(jobs.WebhookLister); ok {
+		g.undelivered = wl.UndeliveredWebhooks()
+	}
 	if pl, ok := o.Store.(jobs.PendingLister); ok {
 		g.pending = pl.Pending()
 	}
@@ -206,6 +212,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 	// Deliveries in progress stop with Run; their jobs keep the webhook
 	// status "pending".
 	defer g.hooks.stop()
+	// Webhooks cut off by the last stop are delivered again, from their
+	// first attempt (at-least-once, like the jobs).
+	for _, j := range g.undelivered {
+		g.notifyWebhook(j)
+	}
+	g.undelivered = nil
 	if err := g.recover(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -224,3 +224,34 @@ func TestRecoverWaitsForTenantsAndIgnoresLoweredBound(t *testing.T) {
 		t.Errorf("upstream calls: %d, want 0", n)
 	}
 }
+
+// TestUndeliveredWebhookDeliveredAfterRestart: a job that finished while
+// its completion webhook was still being delivered when the scheduler
+// stopped (webhook status pending in the store) is delivered by the next
+// scheduler on the same file, once; a delivered one is not sent again.
+func TestUndeliveredWebhookDeliveredAfterRestart(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	h := newHookServer(t, 200)
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	cut, err := e1.bolt.Create(jobs.Job{Tenant: "a", Status: jobs.StatusSucceeded, Endpoint: endpointCompletions, Model: testModel,
+		CreatedAt: t0, FinishedAt: t0, Deadline: t0.Add(time.Hour), WebhookURL: h.srv.URL, WebhookStatus: jobs.WebhookPending, WebhookAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := e1.bolt.Create(jobs.Job{Tenant: "a", Status: jobs.StatusSucceeded, Endpoint: endpointCompletions, Model: testModel,
+		CreatedAt: t0, FinishedAt: t0, Deadline: t0.Add(time.Hour), WebhookURL: h.srv.URL, WebhookStatus: "delivered", WebhookAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.stop()
+
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Minute), true)
+	waitWebhook(t, e2.env, cut.ID, "delivered")
+	calls := h.calls()
+	if len(calls) != 1 || calls[0].jobID != cut.ID {
+		t.Errorf("webhook calls %+v, want exactly one for %s (not %s)", calls, cut.ID, done.ID)
+	}
+}

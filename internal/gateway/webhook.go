@@ -50,7 +50,7 @@ const (
 
 // Webhook delivery states (jobs.Job.WebhookStatus) and outcomes.
 const (
-	webhookPending   = "pending"
+	webhookPending   = jobs.WebhookPending
 	webhookDelivered = "delivered"
 	webhookFailed    = "failed"
 

@@ -142,6 +142,17 @@ type PendingLister interface {
 	Pending() []Job
 }
 
+// WebhookPending is the WebhookStatus of a job whose completion webhook is
+// being delivered.
+const WebhookPending = "pending"
+
+// WebhookLister is implemented by stores that can list the finished jobs
+// whose completion webhook was not delivered yet (MemStore, BoltStore): a
+// restarted scheduler delivers them again.
+type WebhookLister interface {
+	UndeliveredWebhooks() []Job
+}
+
 // Store persists jobs. Implementations are safe for concurrent use and
 // return copies of Job.
 type Store interface {

@@ -264,6 +264,23 @@ func (s *MemStore) Pending() []Job {
 	return out
 }
 
+// UndeliveredWebhooks returns the finished jobs whose completion webhook
+// was still being delivered (WebhookStatus "pending") when the store was
+// last written, of all tenants, in submission order: what a restarted
+// scheduler delivers again.
+func (s *MemStore) UndeliveredWebhooks() []Job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Job
+	for _, e := range s.byID {
+		if e.job.Status.Finished() && e.job.WebhookURL != "" && e.job.WebhookStatus == WebhookPending {
+			out = append(out, e.job)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
+	return out
+}
+
 // List implements Store.
 func (s *MemStore) List(tenant string, f Filter) ([]Job, bool, error) {
 	var after uint64
