@@ -360,6 +360,7 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		c.settle(settleRefund, limiter.Usage{})
 		return -1, false
 	}
+	t.ObserveDispatch(now)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

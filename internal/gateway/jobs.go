@@ -260,8 +260,13 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		_ = g.store.Delete(job.ID)
 		switch {
 		case errors.Is(err, fairqueue.ErrTenantFull):
+			// A slot frees when the tenant's queue drains one job: its
+			// measured drain interval, else the time its token rate takes
+			// to pay for this job, at least 1 s.
 			wait := time.Second
-			if l := pol.Limits.WeightedPerMinute; l != nil && *l > 0 {
+			if d, ok := t.DrainInterval(now); ok {
+				wait = max(wait, d)
+			} else if l := pol.Limits.WeightedPerMinute; l != nil && *l > 0 {
 				wait = max(wait, refillTime(cost.Weighted, *l))
 			}
 			return jobs.Job{}, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeQueueFull,

@@ -221,7 +221,8 @@ func TestBC10_JobThatNeverFitsRejectedAtEnqueue(t *testing.T) {
 }
 
 // TestJobQueueFull: the tenant's bound refuses with 429 queue_full and a
-// Retry-After; another tenant can still submit.
+// Retry-After estimated from its token rate, then from its measured drain
+// interval; another tenant can still submit.
 func TestJobQueueFull(t *testing.T) {
 	up := newUpstream(t, okJSON(1, 1))
 	a := tenant("a", limiter.Limits{WeightedPerMinute: i64(6000)})
@@ -236,6 +237,17 @@ func TestJobQueueFull(t *testing.T) {
 		t.Fatalf("got %d %+v Retry-After %q, want 429 queue_full 3 (300 tokens at 100/s)", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
 	}
 	e.submit("key-b", jobBody(10, 100, ""))
+
+	// Once the tenant's queue has drained jobs, the estimate is its drain
+	// interval: dispatches 7 s apart, so a slot frees in about 7 s.
+	ta := e.reg.Tenant("a")
+	ta.ObserveDispatch(e.clock.Now().Add(-14 * time.Second))
+	ta.ObserveDispatch(e.clock.Now().Add(-7 * time.Second))
+	resp = e.do("POST", "/v1/jobs", "key-a", jobBody(10, 290, ""))
+	body = decode[errorBody](t, resp)
+	if resp.StatusCode != 429 || body.Error.Code != "queue_full" || resp.Header.Get("Retry-After") != "7" {
+		t.Fatalf("got %d %+v Retry-After %q, want 429 queue_full 7 (the drain interval)", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
 }
 
 // TestJobUpstream429RequeuedWithoutDoubleCharge: an upstream 429 pauses the

@@ -68,6 +68,10 @@ type Tenant struct {
 
 	completed, expired, rejections, tokensUsed, dryRunRejections atomic.Int64
 
+	drainMu      sync.Mutex
+	lastDispatch time.Time     // the tenant's latest job dispatch
+	drainEvery   time.Duration // EWMA of the interval between its dispatches
+
 	budgetMu    sync.Mutex
 	budgetStart time.Time
 	budgetUsed  int64 // settled use of the period
@@ -88,6 +92,40 @@ func (t *Tenant) AddExpired() { t.expired.Add(1) }
 
 // AddRejection counts one request or job refused by a limit.
 func (t *Tenant) AddRejection() { t.rejections.Add(1) }
+
+// drainWeight is the weight of the newest interval in the drain-rate EWMA.
+const drainWeight = 0.25
+
+// ObserveDispatch records that one of the tenant's jobs was sent at now,
+// for DrainInterval.
+func (t *Tenant) ObserveDispatch(now time.Time) {
+	t.drainMu.Lock()
+	defer t.drainMu.Unlock()
+	if !t.lastDispatch.IsZero() {
+		if d := now.Sub(t.lastDispatch); d >= 0 {
+			if t.drainEvery == 0 {
+				t.drainEvery = d
+			} else {
+				t.drainEvery = time.Duration(float64(t.drainEvery)*(1-drainWeight) + float64(d)*drainWeight)
+			}
+		}
+	}
+	t.lastDispatch = now
+}
+
+// DrainInterval estimates the time until the tenant's queue drains one
+// more job at now: the moving average (EWMA, newest interval weighing
+// 0.25) of the intervals between its dispatches, stretched to the time
+// already waited since the last one when that is longer (a stalled queue
+// drains slower than it used to). ok is false before two dispatches.
+func (t *Tenant) DrainInterval(now time.Time) (d time.Duration, ok bool) {
+	t.drainMu.Lock()
+	defer t.drainMu.Unlock()
+	if t.drainEvery == 0 {
+		return 0, false
+	}
+	return max(t.drainEvery, now.Sub(t.lastDispatch)), true
+}
 
 // AddDryRunRejection counts one request or job that Enforce would have
 // refused and DryRun admitted.

@@ -307,3 +307,27 @@ func TestPoolQueueSettingsApplyToANonEmptyQueue(t *testing.T) {
 		t.Errorf("quantum %d, bound %d, queued %d; want 777, 5, 1", cfg.Quantum, cfg.MaxTotal, n)
 	}
 }
+
+// TestDrainInterval: the interval between a tenant's dispatches is a moving
+// average (newest weighing 0.25), stretched by a stall since the last one;
+// unknown before two dispatches.
+func TestDrainInterval(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.UpsertTenant(TenantPolicy{ID: "a"})
+	tn := r.Tenant("a")
+	if _, ok := tn.DrainInterval(t0); ok {
+		t.Error("an interval before any dispatch")
+	}
+	tn.ObserveDispatch(t0)
+	if _, ok := tn.DrainInterval(t0); ok {
+		t.Error("an interval after one dispatch")
+	}
+	tn.ObserveDispatch(t0.Add(4 * time.Second))  // 4 s
+	tn.ObserveDispatch(t0.Add(12 * time.Second)) // 0.75*4 + 0.25*8 = 5 s
+	if d, ok := tn.DrainInterval(t0.Add(12 * time.Second)); !ok || d != 5*time.Second {
+		t.Errorf("DrainInterval = %v, %v; want 5s", d, ok)
+	}
+	if d, _ := tn.DrainInterval(t0.Add(20 * time.Second)); d != 8*time.Second {
+		t.Errorf("after an 8 s stall DrainInterval = %v, want 8s", d)
+	}
+}
