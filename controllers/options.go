@@ -56,10 +56,11 @@ func WithRenderOptions(r render.Options) Option {
 func CacheByObject() map[client.Object]cache.ByObject {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{render.LabelManagedBy: render.ManagedBy})}
 	return map[client.Object]cache.ByObject{
-		&appsv1.Deployment{}:     managed,
-		&corev1.Service{}:        managed,
-		&corev1.ConfigMap{}:      managed,
-		&corev1.ServiceAccount{}: managed,
-		&rbacv1.RoleBinding{}:    managed,
+		&appsv1.Deployment{}:            managed,
+		&corev1.Service{}:               managed,
+		&corev1.ConfigMap{}:             managed,
+		&corev1.ServiceAccount{}:        managed,
+		&rbacv1.RoleBinding{}:           managed,
+		&corev1.PersistentVolumeClaim{}: managed,
 	}
 }

@@ -43,6 +43,7 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
@@ -88,6 +89,7 @@ func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.RoleBinding{}).
+		Owns(&corev1.PersistentVolumeClaim{}).
 		Named("providerpool").
 		Complete(r)
 }

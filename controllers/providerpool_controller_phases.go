@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -30,20 +31,85 @@ type objectsResult struct {
 // reconcileObjects renders the pool's objects and applies each one with
 // server-side apply (field manager v1alpha1.FieldManagerController,
 // ForceOwnership), dependencies before the Deployment. Applying an unchanged
-// object is a no-op on the server: no write, no new resourceVersion.
+// object is a no-op on the server: no write, no new resourceVersion. The job
+// store claim of an existing pool is only grown (see claimToApply); with a
+// Memory job store the pool's claim is deleted once the Deployment no longer
+// mounts it, and the jobs on it are lost.
 func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1alpha1.ProviderPool) objectsResult {
 	objs, err := render.Render(pool, r.render)
 	if err != nil {
 		return objectsResult{renderErr: err}
 	}
 	for _, obj := range objs.List() {
+		if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+			if obj, err = r.claimToApply(ctx, claim); err != nil {
+				return objectsResult{applyErr: err}
+			}
+		}
 		if err := r.client.Patch(ctx, obj, client.Apply,
 			client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership); err != nil {
 			return objectsResult{applyErr: fmt.Errorf("applying %s %s: %w",
 				obj.GetObjectKind().GroupVersionKind().Kind, client.ObjectKeyFromObject(obj), err)}
 		}
 	}
+	if objs.JobStoreClaim == nil {
+		if err := r.deleteJobStoreClaim(ctx, pool); err != nil {
+			return objectsResult{applyErr: err}
+		}
+	}
 	return objectsResult{deployment: objs.Deployment}
+}
+
+// claimToApply returns the job store claim to apply. A new claim is applied
+// as rendered. For an existing one, only spec.resources.requests.storage may
+// change (access modes and storage class are immutable on a claim): the
+// apply carries the claim's current access modes and storage class, so no
+// immutable field is ever sent with a different value, and the larger of the
+// current and the rendered storage request. The request is grown only on a
+// Bound claim (the API server refuses to resize an unbound one); the claim
+// binding triggers a new reconcile (the operator watches its claims). The
+// storage class must allow volume expansion, or the apply is refused and
+// reported in the pool's Ready condition.
+func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+	cur := &corev1.PersistentVolumeClaim{}
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(desired), cur); err != nil {
+		if apierrors.IsNotFound(err) {
+			return desired, nil
+		}
+		return nil, fmt.Errorf("getting PersistentVolumeClaim %s: %w", client.ObjectKeyFromObject(desired), err)
+	}
+	out := desired.DeepCopy()
+	out.Spec.AccessModes = cur.Spec.AccessModes
+	out.Spec.StorageClassName = cur.Spec.StorageClassName
+	have := cur.Spec.Resources.Requests[corev1.ResourceStorage]
+	want := desired.Spec.Resources.Requests[corev1.ResourceStorage]
+	if cur.Status.Phase != corev1.ClaimBound || want.Cmp(have) <= 0 {
+		out.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: have}
+	}
+	return out, nil
+}
+
+// deleteJobStoreClaim deletes the pool's job store claim, if any, when the
+// pool's job store is Memory. Only a claim controlled by this pool is
+// deleted. The claim's kubernetes.io/pvc-protection finalizer keeps it until
+// the old scheduler pod that mounts it is gone.
+func (r *ProviderPoolReconciler) deleteJobStoreClaim(ctx context.Context, pool *v1alpha1.ProviderPool) error {
+	claim := &corev1.PersistentVolumeClaim{}
+	key := client.ObjectKey{Namespace: pool.Namespace, Name: render.Name(pool)}
+	if err := r.client.Get(ctx, key, claim); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("getting PersistentVolumeClaim %s: %w", key, err)
+	}
+	if ref := metav1.GetControllerOf(claim); ref == nil || ref.UID != pool.UID || !claim.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err := r.client.Delete(ctx, claim, client.Preconditions{UID: &claim.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting PersistentVolumeClaim %s of the Volume job store (type is now Memory): %w", key, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Deleted the job store claim: the pool's job store is Memory", "persistentVolumeClaim", key)
+	return nil
 }
 
 // reconcileStatus applies desired's operator-owned status when it differs

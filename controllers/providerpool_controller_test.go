@@ -20,14 +20,16 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
 )
 
-// ownedObjects returns empty objects of the five rendered kinds.
+// ownedObjects returns empty objects of the six rendered kinds (a pool with
+// the default Volume job store).
 func ownedObjects() map[string]client.Object {
 	return map[string]client.Object{
-		"ConfigMap":      &corev1.ConfigMap{},
-		"ServiceAccount": &corev1.ServiceAccount{},
-		"RoleBinding":    &rbacv1.RoleBinding{},
-		"Service":        &corev1.Service{},
-		"Deployment":     &appsv1.Deployment{},
+		"ConfigMap":             &corev1.ConfigMap{},
+		"ServiceAccount":        &corev1.ServiceAccount{},
+		"RoleBinding":           &rbacv1.RoleBinding{},
+		"Service":               &corev1.Service{},
+		"PersistentVolumeClaim": &corev1.PersistentVolumeClaim{},
+		"Deployment":            &appsv1.Deployment{},
 	}
 }
 

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -183,7 +184,76 @@ type TenantIdentification struct {
 	Header string `json:"header,omitempty"`
 }
 
+// JobStoreType says where the scheduler keeps batch jobs.
+// +kubebuilder:validation:Enum=Volume;Memory
+type JobStoreType string
+
+const (
+	// JobStoreVolume keeps batch jobs in a bbolt file on a
+	// PersistentVolumeClaim the operator creates for the pool: queued and
+	// finished jobs survive a scheduler restart or a leader change.
+	JobStoreVolume JobStoreType = "Volume"
+	// JobStoreMemory keeps batch jobs in the scheduler's memory only: they
+	// are lost when the scheduler restarts (tests and development).
+	JobStoreMemory JobStoreType = "Memory"
+)
+
+// JobStoreAccessMode is the access mode of the job store's claim.
+// +kubebuilder:validation:Enum=ReadWriteOnce;ReadWriteMany
+type JobStoreAccessMode string
+
+const (
+	// JobStoreReadWriteOnce: the claim is mounted by one node at a time.
+	JobStoreReadWriteOnce JobStoreAccessMode = "ReadWriteOnce"
+	// JobStoreReadWriteMany: the claim can be mounted on several nodes, so a
+	// standby replica on another node can open the store when it is elected.
+	JobStoreReadWriteMany JobStoreAccessMode = "ReadWriteMany"
+)
+
+// JobStoreSpec is the durable store of the pool's batch jobs. With type
+// Volume the operator creates a PersistentVolumeClaim "<pool>-scheduler",
+// owned by the pool (deleting the pool deletes the claim and its jobs), and
+// the scheduler opens the store only once it is the elected leader.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.storageClassName) || (has(self.storageClassName) && self.storageClassName == oldSelf.storageClassName)",message="spec.scheduler.jobStore.storageClassName is immutable once set"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.accessMode) || (has(self.accessMode) && self.accessMode == oldSelf.accessMode)",message="spec.scheduler.jobStore.accessMode is immutable once set"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || !has(self.size) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",message="spec.scheduler.jobStore.size may not shrink (a PersistentVolumeClaim can only grow)"
+type JobStoreSpec struct {
+	// type is Volume (the default: jobs are kept on a PersistentVolumeClaim
+	// and survive restarts) or Memory (jobs are lost when the scheduler
+	// restarts; for tests and development). Switching from Volume to Memory
+	// deletes the pool's claim and the jobs on it.
+	// +optional
+	// +kubebuilder:default=Volume
+	Type JobStoreType `json:"type,omitempty"`
+
+	// size is the storage request of the claim. Defaults to 1Gi. Sizing
+	// (jobs.BoltStore): about (0.6 KiB + request body + response) per
+	// retained job, times 2 for bbolt page fill, for the queued and running
+	// jobs plus the retained finished ones (100,000 by default); 100,000
+	// jobs with 2 KiB bodies and 2 KiB responses take about 0.9 GB. Size
+	// the volume at twice the estimate. May grow (when the storage class
+	// allows volume expansion), never shrink.
+	// +optional
+	// +kubebuilder:default="1Gi"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="spec.scheduler.jobStore.size must be a positive quantity"
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// storageClassName of the claim. Unset: the cluster's default
+	// StorageClass. Immutable once set.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	StorageClassName *string `json:"storageClassName,omitempty"`
+
+	// accessMode of the claim: ReadWriteOnce (the default) or ReadWriteMany.
+	// More than one scheduler replica needs ReadWriteMany. Immutable once set.
+	// +optional
+	// +kubebuilder:default=ReadWriteOnce
+	AccessMode JobStoreAccessMode `json:"accessMode,omitempty"`
+}
+
 // SchedulerSpec configures the scheduler Deployment the operator renders for the pool.
+// +kubebuilder:validation:XValidation:rule="!has(self.replicas) || self.replicas <= 1 || !has(self.jobStore) || (has(self.jobStore.type) && self.jobStore.type == 'Memory') || (has(self.jobStore.accessMode) && self.jobStore.accessMode == 'ReadWriteMany')",message="spec.scheduler.jobStore.accessMode must be ReadWriteMany when spec.scheduler.replicas > 1 with a Volume job store: a standby replica on another node cannot mount a ReadWriteOnce claim when it is elected"
 type SchedulerSpec struct {
 	// replicas of the scheduler. Above 1, replicas elect a leader (a Lease) and
 	// only the leader serves. Defaults to 1.
@@ -246,6 +316,12 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=300
 	StatusIntervalSeconds int32 `json:"statusIntervalSeconds,omitempty"`
+
+	// jobStore is where the scheduler keeps batch jobs: by default a
+	// 1Gi ReadWriteOnce PersistentVolumeClaim (type Volume).
+	// +optional
+	// +kubebuilder:default={}
+	JobStore JobStoreSpec `json:"jobStore,omitempty,omitzero"`
 }
 
 // ProviderPoolSpec is one upstream provider account shared by the tenants

@@ -64,7 +64,8 @@ var (
 // (typically 1,000 to 10,000 per second on SSD-backed volumes).
 //
 // Only one process may open the file: bbolt takes an exclusive file lock,
-// which is why a pool with a durable store runs one scheduler replica.
+// so only the elected leader opens the file (internal/scheduler), and
+// several replicas need a ReadWriteMany volume.
 type BoltStore struct {
 	*MemStore
 	db *bolt.DB

@@ -1,7 +1,9 @@
 // Package render turns a ProviderPool into the Kubernetes objects of its
 // scheduler: a ConfigMap holding the static scheduler settings
 // (internal/schedconfig), a ServiceAccount, a RoleBinding of that account to
-// the shipped scheduler ClusterRole, a ClusterIP Service and the Deployment.
+// the shipped scheduler ClusterRole, a ClusterIP Service, the
+// PersistentVolumeClaim of the durable job store (jobStore type Volume, the
+// default) and the Deployment.
 //
 // Rendering is a pure function of (pool, Options): no client, no clock, no
 // environment, so the same inputs always give byte-identical objects and the
@@ -27,6 +29,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -80,8 +83,25 @@ const (
 	// ConfigVolume is the name of the settings volume.
 	ConfigVolume = "settings"
 	// RunAsUser is the non-root UID the scheduler runs as (distroless "nonroot").
+	// It is also the pod's fsGroup when the job store volume is mounted, so
+	// the volume is group-writable by the container.
 	RunAsUser int64 = 65532
+	// JobStoreDir is where the job store claim is mounted (read-write); the
+	// only writable path of the container, whose root filesystem is
+	// read-only.
+	JobStoreDir = "/var/lib/fairshare"
+	// JobStorePath is the settings' jobStorePath for a Volume job store: the
+	// bbolt file on the claim (jobs.DefaultPath).
+	JobStorePath = JobStoreDir + "/jobs.db"
+	// JobStoreVolume is the name of the job store volume in the pod.
+	JobStoreVolume = "jobs"
 )
+
+// DefaultJobStoreSize is spec.scheduler.jobStore.size when unset: 1 GiB. The
+// sizing rule of jobs.BoltStore: (0.6 KiB + body + response) x 2 per
+// retained job; the default 100,000 retained finished jobs with 2 KiB bodies
+// and 2 KiB responses take about 0.9 GB.
+var DefaultJobStoreSize = resource.MustParse("1Gi")
 
 // Standard labels set on every rendered object.
 const (
@@ -139,14 +159,24 @@ type Objects struct {
 	RoleBinding *rbacv1.RoleBinding
 	// Service exposes the gateway (http, 8080) and metrics (metrics, 9090).
 	Service *corev1.Service
+	// JobStoreClaim holds the durable job store (jobStore type Volume); nil
+	// for type Memory. Its access modes, storage class and size are the
+	// claim's spec at creation; the operator only grows the size of an
+	// existing claim afterwards.
+	JobStoreClaim *corev1.PersistentVolumeClaim
 	// Deployment runs the scheduler.
 	Deployment *appsv1.Deployment
 }
 
 // List returns the objects in apply order: dependencies (ConfigMap,
-// ServiceAccount, RoleBinding, Service) before the Deployment that uses them.
+// ServiceAccount, RoleBinding, Service, JobStoreClaim when not nil) before
+// the Deployment that uses them.
 func (o Objects) List() []Object {
-	return []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.Service, o.Deployment}
+	l := []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.Service}
+	if o.JobStoreClaim != nil {
+		l = append(l, o.JobStoreClaim)
+	}
+	return append(l, o.Deployment)
 }
 
 // Name returns the name of every object rendered for the pool: "<pool>-scheduler".
@@ -181,10 +211,27 @@ func Replicas(pool *v1alpha1.ProviderPool) int32 {
 	return DefaultReplicas
 }
 
+// VolumeJobStore reports whether the pool keeps its jobs on a claim:
+// spec.scheduler.jobStore.type is Volume or unset (the API default).
+func VolumeJobStore(pool *v1alpha1.ProviderPool) bool {
+	return pool.Spec.Scheduler.JobStore.Type != v1alpha1.JobStoreMemory
+}
+
+// JobStoreSize returns spec.scheduler.jobStore.size, or DefaultJobStoreSize
+// when unset.
+func JobStoreSize(pool *v1alpha1.ProviderPool) resource.Quantity {
+	if q := pool.Spec.Scheduler.JobStore.Size; q != nil {
+		return q.DeepCopy()
+	}
+	return DefaultJobStoreSize.DeepCopy()
+}
+
 // Settings returns the static scheduler settings of the pool: fixed listen
 // addresses, leader election when more than one replica runs (Lease
-// "<pool>-scheduler"), and statusIntervalSeconds / upstreamConcurrency from
-// spec.scheduler with the API defaults (10 s, 64 calls) when zero.
+// "<pool>-scheduler"), statusIntervalSeconds / upstreamConcurrency from
+// spec.scheduler with the API defaults (10 s, 64 calls) when zero, and
+// jobStorePath JobStorePath when the job store is a Volume (empty for
+// Memory).
 func Settings(pool *v1alpha1.ProviderPool) schedconfig.Settings {
 	s := pool.Spec.Scheduler
 	interval := s.StatusIntervalSeconds
@@ -206,7 +253,15 @@ func Settings(pool *v1alpha1.ProviderPool) schedconfig.Settings {
 		LeaseName:             Name(pool),
 		StatusIntervalSeconds: interval,
 		UpstreamConcurrency:   concurrency,
+		JobStorePath:          jobStorePath(pool),
 	}
+}
+
+func jobStorePath(pool *v1alpha1.ProviderPool) string {
+	if VolumeJobStore(pool) {
+		return JobStorePath
+	}
+	return ""
 }
 
 // Render renders the pool's scheduler objects. It returns an error wrapping
@@ -223,13 +278,17 @@ func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
 	if err := settings.Validate(); err != nil {
 		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
 	}
-	return Objects{
+	objs := Objects{
 		ConfigMap:      configMap(pool, settings),
 		ServiceAccount: serviceAccount(pool),
 		RoleBinding:    roleBinding(pool, opts),
 		Service:        service(pool),
 		Deployment:     deployment(pool, opts, settings),
-	}, nil
+	}
+	if VolumeJobStore(pool) {
+		objs.JobStoreClaim = jobStoreClaim(pool)
+	}
+	return objs, nil
 }
 
 func validate(pool *v1alpha1.ProviderPool, opts Options) error {
@@ -316,6 +375,32 @@ func service(pool *v1alpha1.ProviderPool) *corev1.Service {
 	}
 }
 
+// jobStoreClaim is the claim of the durable job store: access mode
+// (ReadWriteOnce unless ReadWriteMany is asked for), storage request
+// JobStoreSize, and the storage class when set (unset: the cluster default).
+func jobStoreClaim(pool *v1alpha1.ProviderPool) *corev1.PersistentVolumeClaim {
+	js := pool.Spec.Scheduler.JobStore
+	mode := corev1.ReadWriteOnce
+	if js.AccessMode == v1alpha1.JobStoreReadWriteMany {
+		mode = corev1.ReadWriteMany
+	}
+	var class *string
+	if js.StorageClassName != nil {
+		class = ptr.To(*js.StorageClassName)
+	}
+	return &corev1.PersistentVolumeClaim{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
+		ObjectMeta: meta(pool),
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{mode},
+			StorageClassName: class,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: JobStoreSize(pool),
+			}},
+		},
+	}
+}
+
 func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Settings) *appsv1.Deployment {
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "Deployment"},
@@ -339,8 +424,12 @@ func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Setting
 	}
 }
 
+// podSpec: with a Volume job store the claim is a volume and the pod's
+// fsGroup is RunAsUser (changed only when the volume root does not match
+// already, so a large store is not walked at every start), which makes the
+// volume writable by the non-root container.
 func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
-	return corev1.PodSpec{
+	ps := corev1.PodSpec{
 		ServiceAccountName: Name(pool),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot:   ptr.To(true),
@@ -354,6 +443,17 @@ func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
 			}},
 		}},
 	}
+	if VolumeJobStore(pool) {
+		ps.SecurityContext.FSGroup = ptr.To(RunAsUser)
+		ps.SecurityContext.FSGroupChangePolicy = ptr.To(corev1.FSGroupChangeOnRootMismatch)
+		ps.Volumes = append(ps.Volumes, corev1.Volume{
+			Name: JobStoreVolume,
+			VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{
+				ClaimName: Name(pool),
+			}},
+		})
+	}
+	return ps
 }
 
 func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
@@ -383,6 +483,9 @@ func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
+	}
+	if VolumeJobStore(pool) {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: JobStoreVolume, MountPath: JobStoreDir})
 	}
 	if r := pool.Spec.Scheduler.Resources; r != nil {
 		c.Resources = *r.DeepCopy()

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
 )
 
@@ -75,8 +76,21 @@ func fullPool() *v1alpha1.ProviderPool {
 			QuantumTokens:         8192,
 			MaxQueuedJobs:         500_000,
 			StatusIntervalSeconds: 30,
+			JobStore: v1alpha1.JobStoreSpec{
+				Type:             v1alpha1.JobStoreVolume,
+				Size:             ptr.To(resource.MustParse("5Gi")),
+				StorageClassName: ptr.To("shared-nfs"),
+				AccessMode:       v1alpha1.JobStoreReadWriteMany,
+			},
 		},
 	}
+	return p
+}
+
+// memoryPool keeps its jobs in memory.
+func memoryPool() *v1alpha1.ProviderPool {
+	p := defaultPool()
+	p.Spec.Scheduler.JobStore.Type = v1alpha1.JobStoreMemory
 	return p
 }
 
@@ -101,6 +115,7 @@ func TestRenderGolden(t *testing.T) {
 	tests := map[string]*v1alpha1.ProviderPool{
 		"default": defaultPool(),
 		"full":    fullPool(),
+		"memory":  memoryPool(),
 	}
 	for name, pool := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -152,6 +167,7 @@ func TestSettings(t *testing.T) {
 				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
 				LeaderElection: false, LeaseName: "demo-scheduler",
 				StatusIntervalSeconds: 10, UpstreamConcurrency: 64,
+				JobStorePath: "/var/lib/fairshare/jobs.db",
 			},
 		},
 		"from spec, leader election above one replica": {
@@ -161,6 +177,16 @@ func TestSettings(t *testing.T) {
 				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
 				LeaderElection: true, LeaseName: "openai-prod-scheduler",
 				StatusIntervalSeconds: 30, UpstreamConcurrency: 256,
+				JobStorePath: "/var/lib/fairshare/jobs.db",
+			},
+		},
+		"memory job store: no path": {
+			pool: memoryPool(),
+			want: schedconfig.Settings{
+				APIVersion: schedconfig.APIVersion, PoolName: "demo", Namespace: "fairshare-demo",
+				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
+				LeaderElection: false, LeaseName: "demo-scheduler",
+				StatusIntervalSeconds: 10, UpstreamConcurrency: 64,
 			},
 		},
 	}
@@ -210,6 +236,8 @@ func TestSettingsHash(t *testing.T) {
 		"tenant identification":    {func(p *v1alpha1.ProviderPool) { p.Spec.TenantIdentification.Header = "X-Other" }, false},
 		"upstream base URL":        {func(p *v1alpha1.ProviderPool) { p.Spec.Upstream.BaseURL = "https://example.com" }, false},
 		"quantum and queue bounds": {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.QuantumTokens = 1; p.Spec.Scheduler.MaxQueuedJobs = 1 }, false},
+		"job store size":           {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.JobStore.Size = ptr.To(resource.MustParse("20Gi")) }, false},
+		"job store type Memory":    {func(p *v1alpha1.ProviderPool) { p.Spec.Scheduler.JobStore.Type = v1alpha1.JobStoreMemory }, true},
 	}
 	before, err := Render(base, testOptions)
 	if err != nil {
@@ -357,6 +385,102 @@ func TestRenderErrors(t *testing.T) {
 		}
 		if got := objs.Deployment.Spec.Template.Spec.Containers[0].Image; got != "img:1" {
 			t.Errorf("image = %q, want img:1", got)
+		}
+	})
+}
+
+func TestJobStorePathIsTheStoreDefault(t *testing.T) {
+	if JobStorePath != jobs.DefaultPath {
+		t.Errorf("JobStorePath = %q, want jobs.DefaultPath %q", JobStorePath, jobs.DefaultPath)
+	}
+}
+
+// TestRenderJobStore: a Volume store renders the claim (access mode, size,
+// class from the spec, defaults when unset), mounts it read-write at
+// JobStoreDir with fsGroup RunAsUser and keeps the root filesystem
+// read-only; a Memory store renders none of it.
+func TestRenderJobStore(t *testing.T) {
+	rwo := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	rwx := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+	tests := map[string]struct {
+		pool      *v1alpha1.ProviderPool
+		wantModes []corev1.PersistentVolumeAccessMode
+		wantSize  string
+		wantClass *string
+	}{
+		"defaults": {pool: defaultPool(), wantModes: rwo, wantSize: "1Gi"},
+		"explicit Volume and size": {pool: func() *v1alpha1.ProviderPool {
+			p := defaultPool()
+			p.Spec.Scheduler.JobStore = v1alpha1.JobStoreSpec{Type: v1alpha1.JobStoreVolume, Size: ptr.To(resource.MustParse("3Gi")), AccessMode: v1alpha1.JobStoreReadWriteOnce}
+			return p
+		}(), wantModes: rwo, wantSize: "3Gi"},
+		"class and ReadWriteMany": {pool: fullPool(), wantModes: rwx, wantSize: "5Gi", wantClass: ptr.To("shared-nfs")},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			objs, err := Render(tc.pool, testOptions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := objs.JobStoreClaim
+			if c == nil {
+				t.Fatal("no claim rendered")
+			}
+			if c.Name != Name(tc.pool) {
+				t.Errorf("claim name %q, want %q", c.Name, Name(tc.pool))
+			}
+			if diff := cmp.Diff(tc.wantModes, c.Spec.AccessModes); diff != "" {
+				t.Errorf("access modes (-want +got):\n%s", diff)
+			}
+			if got := c.Spec.Resources.Requests[corev1.ResourceStorage]; got.String() != tc.wantSize {
+				t.Errorf("storage request %s, want %s", got.String(), tc.wantSize)
+			}
+			if diff := cmp.Diff(tc.wantClass, c.Spec.StorageClassName); diff != "" {
+				t.Errorf("storage class (-want +got):\n%s", diff)
+			}
+			if got, want := len(objs.List()), 6; got != want {
+				t.Errorf("List has %d objects, want %d", got, want)
+			}
+			ps := objs.Deployment.Spec.Template.Spec
+			if got := ps.SecurityContext.FSGroup; got == nil || *got != 65532 {
+				t.Errorf("fsGroup = %v, want 65532", got)
+			}
+			wantVol := corev1.Volume{Name: "jobs", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: Name(tc.pool)}}}
+			if diff := cmp.Diff(wantVol, ps.Volumes[len(ps.Volumes)-1]); diff != "" {
+				t.Errorf("job store volume (-want +got):\n%s", diff)
+			}
+			ctr := ps.Containers[0]
+			wantMounts := []corev1.VolumeMount{
+				{Name: "settings", MountPath: "/etc/fairshare", ReadOnly: true},
+				{Name: "jobs", MountPath: "/var/lib/fairshare"},
+			}
+			if diff := cmp.Diff(wantMounts, ctr.VolumeMounts); diff != "" {
+				t.Errorf("mounts (-want +got):\n%s", diff)
+			}
+			if !ptr.Deref(ctr.SecurityContext.ReadOnlyRootFilesystem, false) {
+				t.Error("root filesystem is writable")
+			}
+		})
+	}
+	t.Run("Memory", func(t *testing.T) {
+		objs, err := Render(memoryPool(), testOptions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if objs.JobStoreClaim != nil {
+			t.Errorf("Memory store rendered a claim: %+v", objs.JobStoreClaim)
+		}
+		if got := len(objs.List()); got != 5 {
+			t.Errorf("List has %d objects, want 5", got)
+		}
+		ps := objs.Deployment.Spec.Template.Spec
+		if len(ps.Volumes) != 1 || len(ps.Containers[0].VolumeMounts) != 1 || ps.SecurityContext.FSGroup != nil {
+			t.Errorf("Memory store: volumes %v, mounts %v, fsGroup %v; want the settings volume only and no fsGroup",
+				ps.Volumes, ps.Containers[0].VolumeMounts, ps.SecurityContext.FSGroup)
+		}
+		if s := Settings(memoryPool()); s.JobStorePath != "" {
+			t.Errorf("jobStorePath = %q, want empty", s.JobStorePath)
 		}
 	})
 }

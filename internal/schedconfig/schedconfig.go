@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 )
 
 // APIVersion is the version of the settings format.
@@ -52,6 +53,13 @@ type Settings struct {
 	StatusIntervalSeconds int32 `json:"statusIntervalSeconds"`
 	// UpstreamConcurrency bounds upstream calls in flight (>= 1).
 	UpstreamConcurrency int32 `json:"upstreamConcurrency"`
+	// JobStorePath is the absolute path of the durable job store file
+	// (bbolt, see jobs.BoltStore), opened only by the elected leader; empty
+	// keeps batch jobs in memory (lost on restart). The operator renders
+	// jobs.DefaultPath on the pool's volume for a jobStore of type Volume.
+	// omitempty: settings without it marshal, and hash, as before the field
+	// existed, so adding it did not roll existing schedulers.
+	JobStorePath string `json:"jobStorePath,omitempty"`
 }
 
 // Marshal returns the settings as indented JSON, deterministic for equal values.
@@ -90,6 +98,9 @@ func (s Settings) Validate() error {
 	}
 	if s.UpstreamConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("upstreamConcurrency: must be >= 1, got %d", s.UpstreamConcurrency))
+	}
+	if s.JobStorePath != "" && !filepath.IsAbs(s.JobStorePath) {
+		errs = append(errs, fmt.Errorf("jobStorePath: must be an absolute path, got %q", s.JobStorePath))
 	}
 	if s.LeaderElection && s.LeaseName == "" {
 		errs = append(errs, errors.New("leaseName: required when leaderElection is true"))

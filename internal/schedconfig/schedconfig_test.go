@@ -43,6 +43,11 @@ func TestParseRefuses(t *testing.T) {
 		})
 	}
 	s := valid()
+	s.JobStorePath = "jobs.db"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), `jobStorePath: must be an absolute path, got "jobs.db"`) {
+		t.Fatalf("relative job store path: got %v", err)
+	}
+	s = valid()
 	s.LeaderElection, s.LeaseName = true, ""
 	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "leaseName") {
 		t.Fatalf("leader election without a lease: got %v", err)
@@ -60,5 +65,43 @@ func TestHashFollowsSettings(t *testing.T) {
 	}
 	if len(a.Hash()) != 64 {
 		t.Fatalf("hash %q is not hex SHA-256", a.Hash())
+	}
+}
+
+// TestJobStorePathOmitted: settings without a job store path marshal exactly
+// as before the field existed (same bytes, so the same hash: no roll of
+// existing schedulers); with one, it round-trips and changes the hash.
+func TestJobStorePathOmitted(t *testing.T) {
+	const want = `{
+  "apiVersion": "scheduler.fairshare.dev/v1",
+  "poolName": "demo",
+  "namespace": "ns",
+  "httpAddr": ":8080",
+  "metricsAddr": ":9090",
+  "healthAddr": ":8081",
+  "leaderElection": false,
+  "leaseName": "demo-scheduler",
+  "statusIntervalSeconds": 10,
+  "upstreamConcurrency": 64
+}
+`
+	a := valid()
+	if got := string(a.Marshal()); got != want {
+		t.Fatalf("Marshal without a job store path:\n%s\nwant\n%s", got, want)
+	}
+	b := valid()
+	b.JobStorePath = "/var/lib/fairshare/jobs.db"
+	if !strings.Contains(string(b.Marshal()), `"jobStorePath": "/var/lib/fairshare/jobs.db"`) {
+		t.Errorf("Marshal with a job store path: %s", b.Marshal())
+	}
+	got, err := Parse(b.Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != b {
+		t.Errorf("round trip: got %+v, want %+v", got, b)
+	}
+	if a.Hash() == b.Hash() {
+		t.Error("a job store path kept the hash")
 	}
 }

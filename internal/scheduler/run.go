@@ -5,9 +5,16 @@
 // and the status writer (both leader-only Runnables), and the metrics
 // server on an injected Prometheus registry.
 //
-// Readiness (/readyz) is true only on the leader once the pool and its
-// tenants are loaded: the queues and buckets live in memory, so replicas
-// run active/passive (style 2.5). /healthz is always served.
+// The durable job store (settings jobStorePath, or --job-store) is opened
+// by the leader-only gateway Runnable, after the election is won and before
+// the gateway is built and serves, and closed when it stops: a standby
+// replica never holds the store's file lock, so it can take over when the
+// leader goes away.
+//
+// Readiness (/readyz) is true only on the leader once the job store is open
+// and the pool and its tenants are loaded: the queues and buckets live in
+// memory, so replicas run active/passive (style 2.5). /healthz is always
+// served.
 package scheduler
 
 import (
@@ -18,6 +25,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -50,6 +58,20 @@ import (
 // in flight are cut after it).
 const shutdownTimeout = 10 * time.Second
 
+// StoreLockTimeout bounds how long a newly elected leader waits for the job
+// store's file lock (jobs.OpenBolt's lockTimeout): 60 s. The previous leader
+// may still hold it for a while after the new one is elected: on a clean
+// stop it releases its Lease only after its leader-only Runnables returned
+// and the store was closed (LeaderElectionReleaseOnCancel), but when it
+// stopped renewing (partition, stall) the Lease expires LeaseDuration (15 s)
+// after its last renewal while the old process notices the loss after
+// RenewDeadline (10 s) and then stops its Runnables within the manager's
+// GracefulShutdownTimeout (30 s): the lock is free at most 10 + 30 - 15 =
+// 25 s after the new leader is elected. 60 s is that bound with a margin;
+// beyond it the Runnable fails, the process exits and its pod is restarted
+// (controller-runtime defaults; the settings do not change them).
+const StoreLockTimeout = 60 * time.Second
+
 // Flags are the command-line flags of the scheduler binary.
 type Flags struct {
 	// Config is the path of the settings file (schedconfig), required.
@@ -60,9 +82,11 @@ type Flags struct {
 	// HTTPAddr, MetricsAddr and HealthAddr override the settings' listen
 	// addresses when not empty (several processes on one machine).
 	HTTPAddr, MetricsAddr, HealthAddr string
-	// JobStore is the path of the durable job store (a bbolt file, see
-	// jobs.BoltStore); empty keeps jobs in memory (lost on restart). The
-	// operator renders jobs.DefaultPath on the pool's volume.
+	// JobStore, when not empty, overrides the settings' jobStorePath: the
+	// path of the durable job store (a bbolt file, see jobs.BoltStore). The
+	// operator renders jobs.DefaultPath on the pool's volume in the
+	// settings; tests and local runs pass their own file. With neither,
+	// jobs are kept in memory (lost on restart).
 	JobStore string
 	// Zap are the logging flags (--zap-log-level, --zap-devel, ...).
 	Zap zap.Options
@@ -78,7 +102,7 @@ func ParseFlags(args []string) (Flags, error) {
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "Listen address of /metrics (overrides the settings' metricsAddr; \"0\" disables).")
 	fs.StringVar(&f.HealthAddr, "health-addr", "", "Listen address of /healthz and /readyz (overrides the settings' healthAddr; \"0\" disables).")
 	fs.StringVar(&f.JobStore, "job-store", "", "Path of the durable job store file (bbolt), for example "+jobs.DefaultPath+
-		". Empty: jobs are kept in memory and lost on restart.")
+		" (overrides the settings' jobStorePath). Empty in both: jobs are kept in memory and lost on restart.")
 	f.Zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return Flags{}, err
@@ -102,21 +126,28 @@ func Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	for _, o := range []struct {
-		dst *string
-		v   string
-	}{{&s.HTTPAddr, f.HTTPAddr}, {&s.MetricsAddr, f.MetricsAddr}, {&s.HealthAddr, f.HealthAddr}} {
-		if o.v != "" {
-			*o.dst = o.v
-		}
-	}
+	s = applyFlags(s, f)
 	log := zap.New(zap.UseFlagOptions(&f.Zap)).WithValues("pool", s.PoolName, "namespace", s.Namespace)
 	ctrl.SetLogger(log)
 	cfg, err := restConfig(f.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), f.JobStore, log)
+	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
+}
+
+// applyFlags returns s with the listen addresses and the job store path
+// replaced by the flags that are not empty.
+func applyFlags(s schedconfig.Settings, f Flags) schedconfig.Settings {
+	for _, o := range []struct {
+		dst *string
+		v   string
+	}{{&s.HTTPAddr, f.HTTPAddr}, {&s.MetricsAddr, f.MetricsAddr}, {&s.HealthAddr, f.HealthAddr}, {&s.JobStorePath, f.JobStore}} {
+		if o.v != "" {
+			*o.dst = o.v
+		}
+	}
+	return s
 }
 
 func restConfig(path string) (*rest.Config, error) {
@@ -126,7 +157,7 @@ func restConfig(path string) (*rest.Config, error) {
 	return ctrl.GetConfig()
 }
 
-func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey, jobStore string, log logr.Logger) error {
+func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey string, log logr.Logger) error {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
@@ -165,22 +196,10 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 	if err := kube.SetupWithManager(mgr, reg, state, s.Namespace, s.PoolName); err != nil {
 		return err
 	}
-	var store jobs.Store // nil: the gateway keeps jobs in memory
-	if jobStore != "" {
-		bs, err := jobs.OpenBolt(jobStore, clk, 0, 0, 0)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := bs.Close(); err != nil {
-				log.Error(err, "closing the job store")
-			}
-		}()
-		store = bs
-	}
-	gw := gateway.New(gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey, Store: store,
-		UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")})
-	if err := mgr.Add(&server{name: "gateway", addr: s.HTTPAddr, handler: gw, leader: true, run: gw.Run, log: log}); err != nil {
+	gw := &leaderGateway{storePath: s.JobStorePath, lockTimeout: StoreLockTimeout, addr: s.HTTPAddr, log: log,
+		opts: gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey,
+			UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")}}
+	if err := mgr.Add(gw); err != nil {
 		return err
 	}
 	if s.MetricsAddr != "" && s.MetricsAddr != "0" {
@@ -206,6 +225,9 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 			default:
 				return errors.New("not the leader")
 			}
+			if !gw.started.Load() {
+				return errors.New("job store not open yet")
+			}
 			if !reg.Ready() {
 				return errors.New("pool and tenants not loaded yet")
 			}
@@ -215,8 +237,81 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		}
 	}
 	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
-		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", jobStore)
+		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", s.JobStorePath)
 	return mgr.Start(ctx)
+}
+
+// leaderGateway is the leader-only Runnable of the data plane: once the
+// election is won it opens the durable job store (when storePath is set,
+// waiting up to lockTimeout for the previous leader's file lock), builds
+// the gateway on it (which lists the jobs to recover), serves it on addr
+// with its dispatcher, and on stop closes the store after the dispatcher
+// and the server have returned.
+type leaderGateway struct {
+	opts        gateway.Options // without Store
+	storePath   string          // empty: jobs in memory
+	lockTimeout time.Duration
+	addr        string
+	log         logr.Logger
+	// started is set once the store is open and the gateway built (readiness).
+	started atomic.Bool
+}
+
+var _ manager.LeaderElectionRunnable = (*leaderGateway)(nil)
+
+// NeedLeaderElection: only the leader opens the store and serves.
+func (l *leaderGateway) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable.
+func (l *leaderGateway) Start(ctx context.Context) error {
+	opts := l.opts
+	if l.storePath != "" {
+		bs, err := l.openStore(ctx)
+		if err != nil || bs == nil {
+			return err
+		}
+		defer func() {
+			if err := bs.Close(); err != nil {
+				l.log.Error(err, "closing the job store", "path", l.storePath)
+			}
+		}()
+		opts.Store = bs
+	}
+	gw := gateway.New(opts)
+	l.started.Store(true)
+	defer l.started.Store(false)
+	srv := &server{name: "gateway", addr: l.addr, handler: gw, leader: true, run: gw.Run, log: l.log}
+	return srv.Start(ctx)
+}
+
+// openStore opens the job store, or returns (nil, nil) when ctx is
+// cancelled first (a store opened after that is closed at once).
+func (l *leaderGateway) openStore(ctx context.Context) (*jobs.BoltStore, error) {
+	type result struct {
+		s   *jobs.BoltStore
+		err error
+	}
+	start := time.Now()
+	done := make(chan result, 1)
+	go func() {
+		s, err := jobs.OpenBolt(l.storePath, l.opts.Clock, 0, 0, l.lockTimeout)
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		l.log.Info("opened the job store", "path", l.storePath, "waited", time.Since(start).Round(time.Millisecond).String())
+		return r.s, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.s != nil {
+				_ = r.s.Close()
+			}
+		}()
+		return nil, nil
+	}
 }
 
 // server is an HTTP server Runnable: it listens when started, and on

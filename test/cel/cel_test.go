@@ -138,6 +138,22 @@ func TestCreateValidation(t *testing.T) {
 		"bad identification":     {gvk: poolGVK, spec: with(validPool(), "tenantIdentification.mode", "Cookie"), wantErr: []string{"spec.tenantIdentification.mode"}},
 		"zero replicas":          {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 0), wantErr: []string{"spec.scheduler.replicas"}},
 		"status interval 0":      {gvk: poolGVK, spec: with(validPool(), "scheduler.statusIntervalSeconds", 0), wantErr: []string{"spec.scheduler.statusIntervalSeconds"}},
+		"bad job store type":     {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.type", "Disk"), wantErr: []string{"spec.scheduler.jobStore.type", "Unsupported value"}},
+		"bad job store access":   {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.accessMode", "ReadOnlyMany"), wantErr: []string{"spec.scheduler.jobStore.accessMode", "Unsupported value"}},
+		"job store size 0":       {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "0"), wantErr: []string{"spec.scheduler.jobStore.size must be a positive quantity"}},
+		"job store size garbage": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "lots"), wantErr: []string{"spec.scheduler.jobStore.size"}},
+		"empty storage class":    {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", ""), wantErr: []string{"spec.scheduler.jobStore.storageClassName"}},
+		"replicas 2 with a ReadWriteOnce volume": {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 2),
+			wantErr: []string{"spec.scheduler.jobStore.accessMode must be ReadWriteMany when spec.scheduler.replicas > 1 with a Volume job store: a standby replica on another node cannot mount a ReadWriteOnce claim"}},
+		"replicas 2 with an explicit ReadWriteOnce volume": {gvk: poolGVK,
+			spec:    with(with(validPool(), "scheduler.replicas", 2), "scheduler.jobStore.accessMode", "ReadWriteOnce"),
+			wantErr: []string{"spec.scheduler.jobStore.accessMode must be ReadWriteMany"}},
+		"replicas 2 with a ReadWriteMany volume": {gvk: poolGVK,
+			spec: with(with(validPool(), "scheduler.replicas", 2), "scheduler.jobStore.accessMode", "ReadWriteMany")},
+		"replicas 2 with a Memory store": {gvk: poolGVK,
+			spec: with(with(validPool(), "scheduler.replicas", 2), "scheduler.jobStore.type", "Memory")},
+		"job store of 10Gi on a class": {gvk: poolGVK,
+			spec: with(with(validPool(), "scheduler.jobStore.size", "10Gi"), "scheduler.jobStore.storageClassName", "fast")},
 	}
 	i := 0
 	for name, tc := range cases {
@@ -196,6 +212,9 @@ func TestDefaults(t *testing.T) {
 		{pool, []string{"spec", "scheduler", "upstreamConcurrency"}, int64(64)},
 		{pool, []string{"spec", "scheduler", "quantumTokens"}, int64(4096)},
 		{pool, []string{"spec", "scheduler", "statusIntervalSeconds"}, int64(10)},
+		{pool, []string{"spec", "scheduler", "jobStore", "type"}, "Volume"},
+		{pool, []string{"spec", "scheduler", "jobStore", "size"}, "1Gi"},
+		{pool, []string{"spec", "scheduler", "jobStore", "accessMode"}, "ReadWriteOnce"},
 	}
 	for _, c := range checks {
 		got, found, err := unstructured.NestedFieldNoCopy(c.obj.Object, c.path...)
@@ -256,5 +275,54 @@ func TestImmutableFields(t *testing.T) {
 	with(cur.Object["spec"].(map[string]any), "weight", 5)
 	if err := k8s.Update(ctx, cur); err != nil {
 		t.Fatalf("updating weight: %v", err)
+	}
+}
+
+// TestJobStoreTransitions: storageClassName and accessMode are immutable once
+// set, size may grow but not shrink, and the type may switch.
+func TestJobStoreTransitions(t *testing.T) {
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		create  map[string]any // spec.scheduler.jobStore at creation
+		update  map[string]any // fields set on spec.scheduler.jobStore by the update
+		remove  string         // field removed from spec.scheduler.jobStore by the update
+		wantErr string         // "" = accepted
+	}{
+		"change storage class": {create: map[string]any{"storageClassName": "fast"}, update: map[string]any{"storageClassName": "slow"},
+			wantErr: "spec.scheduler.jobStore.storageClassName is immutable once set"},
+		"remove storage class": {create: map[string]any{"storageClassName": "fast"}, remove: "storageClassName",
+			wantErr: "spec.scheduler.jobStore.storageClassName is immutable once set"},
+		"set storage class when unset": {create: map[string]any{}, update: map[string]any{"storageClassName": "fast"}},
+		"change access mode": {create: map[string]any{}, update: map[string]any{"accessMode": "ReadWriteMany"},
+			wantErr: "spec.scheduler.jobStore.accessMode is immutable once set"},
+		"shrink": {create: map[string]any{"size": "2Gi"}, update: map[string]any{"size": "1500Mi"},
+			wantErr: "spec.scheduler.jobStore.size may not shrink"},
+		"grow":                  {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "2Gi"}},
+		"same size, other unit": {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "1024Mi"}},
+		"volume to memory":      {create: map[string]any{}, update: map[string]any{"type": "Memory"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obj := object(poolGVK, "js-"+strings.ToLower(strings.ReplaceAll(strings.ReplaceAll(name, " ", "-"), ",", "")), with(validPool(), "scheduler.jobStore", tc.create))
+			if err := k8s.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			js := obj.Object["spec"].(map[string]any)["scheduler"].(map[string]any)["jobStore"].(map[string]any)
+			for k, v := range tc.update {
+				js[k] = v
+			}
+			if tc.remove != "" {
+				delete(js, tc.remove)
+			}
+			err := k8s.Update(ctx, obj)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("want accepted, got %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("got %v, want %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -191,7 +191,8 @@ func (e *Env) startScheduler(ctx context.Context, logf func(string, ...any)) err
 	args = append(args,
 		fmt.Sprintf("--http-addr=127.0.0.1:%d", ports[0]),
 		fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]),
-		fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]))
+		fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
+		"--job-store="+filepath.Join(e.WorkDir, "jobs.db"))
 	env := []string{"KUBECONFIG=" + e.CP.Kubeconfig}
 	for _, v := range c.Env {
 		switch {
