@@ -156,6 +156,19 @@ type TenantCredentials struct {
 	// pool's tenantIdentification.mode is APIKey.
 	// +required
 	SecretRef SecretKeyRef `json:"secretRef"`
+
+	// webhookSigningKey, when set, is the data key in the same Secret holding
+	// the secret that signs the tenant's completion webhooks, in the Standard
+	// Webhooks form ("whsec_" followed by base64 of 24 to 64 random bytes, or
+	// the base64 alone). Signed deliveries carry webhook-id, webhook-timestamp
+	// and webhook-signature headers (https://www.standardwebhooks.com/). A
+	// value that is missing or not base64 makes deliveries fail rather than go
+	// out unsigned. Unset: deliveries are not signed.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	WebhookSigningKey string `json:"webhookSigningKey,omitempty"`
 }
 
 // TenantQuotaSpec is one tenant's plan on a ProviderPool.

@@ -17,7 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
 	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
 // Completion webhook delivery (issue 4 "optional completion webhook with
@@ -41,8 +44,9 @@ const (
 	webhookMaxPending = 1024
 	// webhookMaxURLLen bounds the length of a webhookURL, in bytes.
 	webhookMaxURLLen = 2048
-	// webhookJobHeader names the job in every delivery (there is no
-	// per-tenant secret store to sign bodies with).
+	// webhookJobHeader names the job in every delivery. Deliveries of a
+	// tenant with a signing secret are also signed (Standard Webhooks
+	// headers, see signWebhook).
 	webhookJobHeader = "X-Fairshare-Job-Id"
 	// webhookAttemptHeader is the 1-based attempt number of a delivery.
 	webhookAttemptHeader = "X-Fairshare-Delivery-Attempt"
@@ -202,7 +206,7 @@ func (n *webhookNotifier) enqueue(j jobs.Job) {
 	go func() {
 		defer n.wg.Done()
 		defer func() { <-n.slots }()
-		n.deliver(j.ID, j.WebhookURL, body)
+		n.deliver(j.ID, j.Tenant, j.WebhookURL, body)
 	}()
 }
 
@@ -219,10 +223,11 @@ func (n *webhookNotifier) setState(id, state string, attempted bool) {
 }
 
 // deliver POSTs body to target until a 2xx, a permanent refusal, the last
-// attempt or stop.
-func (n *webhookNotifier) deliver(id, target string, body []byte) {
+// attempt or stop. tenant is the job's tenant, whose signing secret (read
+// at each attempt, so a rotated secret applies) signs the body.
+func (n *webhookNotifier) deliver(id, tenant, target string, body []byte) {
 	for attempt := 1; ; attempt++ {
-		retry, err := n.post(id, target, body, attempt)
+		retry, err := n.post(id, tenant, target, body, attempt)
 		if n.ctx.Err() != nil {
 			return // stopped: the job stays pending
 		}
@@ -271,10 +276,45 @@ func (n *webhookNotifier) sleep(d time.Duration) bool {
 // errWebhookStatus is a non-2xx answer of the webhook endpoint.
 var errWebhookStatus = errors.New("webhook endpoint answered")
 
+// errWebhookSigning: the tenant's signing secret cannot be used; the
+// delivery fails without being sent.
+var errWebhookSigning = errors.New("webhook signing secret unusable")
+
+// signWebhook sets the Standard Webhooks headers
+// (https://www.standardwebhooks.com/, "Signature scheme"): webhook-id (the
+// job ID: the same on every attempt and after a restart, so receivers can
+// deduplicate), webhook-timestamp (now, Unix seconds) and
+// webhook-signature ("v1," + base64 of HMAC-SHA256 over
+// "id.timestamp.body" with key). Receivers verify with any Standard
+// Webhooks library and the tenant's secret, rejecting timestamps older
+// than their tolerance (5 minutes in the reference libraries).
+func signWebhook(h http.Header, key []byte, id string, now time.Time, body []byte) error {
+	wh, err := standardwebhooks.NewWebhookRaw(key)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errWebhookSigning, err)
+	}
+	sig, err := wh.Sign(id, now, body)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errWebhookSigning, err)
+	}
+	h.Set(standardwebhooks.HeaderWebhookID, id)
+	h.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(now.Unix(), 10))
+	h.Set(standardwebhooks.HeaderWebhookSignature, sig)
+	return nil
+}
+
 // post makes one attempt; retry reports whether a failure may succeed
 // later (network errors, timeouts, 408, 429 and 5xx; other statuses,
 // redirects included, are permanent).
-func (n *webhookNotifier) post(id, target string, body []byte, attempt int) (retry bool, err error) {
+func (n *webhookNotifier) post(id, tenant, target string, body []byte, attempt int) (retry bool, err error) {
+	var signing *registry.WebhookSigning
+	if t := n.g.reg.Tenant(tenant); t != nil {
+		signing = t.Policy().WebhookSigning
+	}
+	if signing != nil && signing.Invalid != "" {
+		// Signing was asked for: never send the body unsigned.
+		return false, fmt.Errorf("%w: %s", errWebhookSigning, signing.Invalid)
+	}
 	select {
 	case n.posts <- struct{}{}:
 	case <-n.ctx.Done():
@@ -289,6 +329,11 @@ func (n *webhookNotifier) post(id, target string, body []byte, attempt int) (ret
 	req.Header.Set("User-Agent", "fairshare-webhook")
 	req.Header.Set(webhookJobHeader, id)
 	req.Header.Set(webhookAttemptHeader, strconv.Itoa(attempt))
+	if signing != nil {
+		if err := signWebhook(req.Header, signing.Key, id, n.g.clock.Now(), body); err != nil {
+			return false, err
+		}
+	}
 	resp, err := n.client.Do(req)
 	if err != nil {
 		return true, err

@@ -135,6 +135,18 @@ func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) 
 			} else {
 				logf.FromContext(ctx).Info("tenant key Secret has no such key", "secret", c.SecretRef.Name, "key", key)
 			}
+			if c.WebhookSigningKey != "" {
+				pol.WebhookSigning = WebhookSigning(sec.Data[c.WebhookSigningKey])
+				if pol.WebhookSigning.Invalid != "" {
+					logf.FromContext(ctx).Info("webhook signing secret unusable; the tenant's webhooks fail until it is fixed",
+						"secret", c.SecretRef.Name, "key", c.WebhookSigningKey, "reason", pol.WebhookSigning.Invalid)
+				}
+			}
+		}
+		if err == nil || apierrors.IsNotFound(err) {
+			if c.WebhookSigningKey != "" && pol.WebhookSigning == nil {
+				pol.WebhookSigning = &registry.WebhookSigning{Invalid: "Secret " + c.SecretRef.Name + " not found"}
+			}
 		}
 	}
 	if err := r.Registry.UpsertTenant(pol); err != nil {

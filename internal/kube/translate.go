@@ -1,6 +1,9 @@
 package kube
 
 import (
+	"encoding/base64"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
@@ -123,3 +126,27 @@ func derefInt64(p *int64) int64 {
 	}
 	return *p
 }
+
+// WebhookSigning decodes a Standard Webhooks signing secret as stored in a
+// Secret (spec.credentials.webhookSigningKey): "whsec_" followed by base64,
+// or the base64 alone, surrounding whitespace ignored; the result's Invalid
+// says why a value cannot be used (missing or empty, not base64, under 16
+// bytes once decoded). Never returns nil.
+func WebhookSigning(raw []byte) *registry.WebhookSigning {
+	v := strings.TrimPrefix(strings.TrimSpace(string(raw)), "whsec_")
+	if v == "" {
+		return &registry.WebhookSigning{Invalid: "the Secret has no value under webhookSigningKey"}
+	}
+	key, err := base64.StdEncoding.DecodeString(v)
+	if err != nil {
+		return &registry.WebhookSigning{Invalid: "the value is not base64 (expected whsec_<base64>)"}
+	}
+	if len(key) < minWebhookKeyBytes {
+		return &registry.WebhookSigning{Invalid: fmt.Sprintf("the key is %d bytes; at least %d are required", len(key), minWebhookKeyBytes)}
+	}
+	return &registry.WebhookSigning{Key: key}
+}
+
+// minWebhookKeyBytes is the shortest signing key accepted, in bytes (128
+// bits; the Standard Webhooks specification recommends 24 to 64).
+const minWebhookKeyBytes = 16

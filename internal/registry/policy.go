@@ -195,6 +195,37 @@ type TenantPolicy struct {
 	DryRun bool
 	// KeyHashes are the SHA-256 of the tenant's API keys (APIKey mode).
 	KeyHashes []KeyHash
+	// WebhookSigning, when not nil, signs the tenant's completion webhooks
+	// (spec.credentials.webhookSigningKey): see WebhookSigning.
+	WebhookSigning *WebhookSigning
+}
+
+// WebhookSigning is a tenant's completion-webhook signing secret, per the
+// Standard Webhooks specification (https://www.standardwebhooks.com/):
+// every delivery carries webhook-id, webhook-timestamp and
+// webhook-signature "v1,<base64 HMAC-SHA256 of id.timestamp.body>".
+//
+//   - Key is the secret's decoded bytes (the Secret holds "whsec_" followed
+//     by base64, or base64 alone, as the Standard Webhooks libraries
+//     expect); never logged.
+//   - Invalid, when not "", says why the Secret's value could not be used
+//     (not base64, empty): deliveries are then refused rather than sent
+//     unsigned, and the reason is logged.
+type WebhookSigning struct {
+	Key     []byte
+	Invalid string
+}
+
+// String hides the key, so that a policy printed in a log line or an
+// error never reveals it.
+func (w *WebhookSigning) String() string {
+	if w == nil {
+		return "<nil>"
+	}
+	if w.Invalid != "" {
+		return "WebhookSigning{invalid: " + w.Invalid + "}"
+	}
+	return "WebhookSigning{key: <redacted>}"
 }
 
 // Validate fills defaults into zero fields, sets Limits.DryRun from DryRun,
