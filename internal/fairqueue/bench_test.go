@@ -31,13 +31,19 @@ func benchQueue(b *testing.B, tenants, jobs int) (*Queue, []string) {
 // benchEnqueueDequeue measures one Dequeue plus one Enqueue at a steady queue
 // size: the dequeued job is recycled as a new job of a tenant picked by a
 // stride through all tenants (arrivals are not correlated with dispatches).
+// 2*jobs operations run untimed first, so that the rings and deadline
+// tickets have reached their steady-state sizes (the benchmark method's
+// "steady state"); their growth before that is amortised slice growth.
 // Target: 0 allocs/op, and 1M jobs at most 1.5x the cost at 10k (brief
 // "Performance targets").
 func benchEnqueueDequeue(b *testing.B, tenants, jobs int, eligible func(string, *Job) bool) {
 	q, names := benchQueue(b, tenants, jobs)
 	b.ReportAllocs()
 	next := 0
-	for b.Loop() {
+	for i := 0; i < 2*jobs || b.Loop(); i++ { // 2*jobs untimed operations first: steady state
+		if i == 2*jobs {
+			runtime.GC()
+		}
 		j, _ := q.Dequeue(now0, eligible)
 		next += 7919
 		if next >= tenants {
@@ -54,14 +60,58 @@ func benchEnqueueDequeue(b *testing.B, tenants, jobs int, eligible func(string, 
 			b.Fatal(err)
 		}
 	}
+	if tenants == 100_000 && eligible == nil {
+		reportVsHeap(b)
+	}
 }
 
-// BenchmarkEnqueueDequeue runs the same workload on this queue (impl=drr)
-// and on a weighted fair queue built on container/heap (impl=heap, see
-// heapWFQ) in the same run; the brief's targets are drr at least 3x faster
-// than heap at 100k tenants and 1M jobs, 0 allocs/op, and drr at 1M jobs at
-// most 1.5x drr at 10k jobs.
+// benchEnqueueDequeueRef is benchEnqueueDequeue with the new job's tenant
+// given by a TenantRef (EnqueueTo) instead of by name.
+func benchEnqueueDequeueRef(b *testing.B, tenants, jobs int) {
+	q, refs := benchQueueRefs(b, tenants, jobs)
+	b.ReportAllocs()
+	next := 0
+	for i := 0; i < 2*jobs || b.Loop(); i++ { // 2*jobs untimed operations first: steady state
+		if i == 2*jobs {
+			runtime.GC()
+		}
+		j, _ := q.Dequeue(now0, nil)
+		next += 7919
+		if next >= tenants {
+			next %= tenants
+		}
+		if j == nil {
+			b.Fatal("empty")
+		}
+		if err := q.EnqueueTo(now0, refs[next], j); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if tenants == 100_000 {
+		reportVsHeap(b)
+	}
+}
+
+// benchQueueRefs is benchQueue with a TenantRef per tenant.
+func benchQueueRefs(b *testing.B, tenants, jobs int) (*Queue, []TenantRef) {
+	q, names := benchQueue(b, tenants, jobs)
+	refs := make([]TenantRef, tenants)
+	for i, n := range names {
+		refs[i] = q.Tenant(n)
+	}
+	return q, refs
+}
+
+// BenchmarkEnqueueDequeue runs, in one run: the container/heap peer of the
+// benchmark method (impl=container-heap, container/heap of int64, Pop then
+// Push, 1M items); this queue with the new job's tenant given by TenantRef
+// (impl=drr-ref, EnqueueTo) and by name (impl=drr, Enqueue); and a weighted
+// fair queue built on container/heap (impl=heap-wfq, see heapWFQ). At 100k
+// tenants the drr rows report heap/drr, the container/heap peer's ns/op
+// over theirs. The brief's targets: heap/drr at least 3 at 100k tenants and
+// 1M jobs, 0 allocs/op, and drr at 1M jobs at most 1.5x drr at 10k jobs.
 func BenchmarkEnqueueDequeue(b *testing.B) {
+	b.Run("tenants=100k/jobs=1M/impl=container-heap", benchContainerHeap)
 	for _, size := range []struct {
 		name          string
 		tenants, jobs int
@@ -70,8 +120,9 @@ func BenchmarkEnqueueDequeue(b *testing.B) {
 		{"tenants=1k/jobs=10k", 1_000, 10_000},
 		{"tenants=10/jobs=10k", 10, 10_000},
 	} {
+		b.Run(size.name+"/impl=drr-ref", func(b *testing.B) { benchEnqueueDequeueRef(b, size.tenants, size.jobs) })
 		b.Run(size.name+"/impl=drr", func(b *testing.B) { benchEnqueueDequeue(b, size.tenants, size.jobs, nil) })
-		b.Run(size.name+"/impl=heap", func(b *testing.B) { benchHeapWFQ(b, size.tenants, size.jobs) })
+		b.Run(size.name+"/impl=heap-wfq", func(b *testing.B) { benchHeapWFQ(b, size.tenants, size.jobs) })
 	}
 }
 
@@ -178,43 +229,74 @@ func BenchmarkEnqueueDequeueEligible(b *testing.B) {
 	benchEnqueueDequeue(b, 100_000, 1_000_000, func(tenant string, _ *Job) bool { return tenant[len(tenant)-1]%2 == 0 })
 }
 
-type heapItem struct {
-	prio  int64
-	index int
-}
+// int64Heap is container/heap's IntHeap example with int64 elements: the
+// peer defined in the benchmark method ("Heap: container/heap of int64 with
+// Pop then Push").
+type int64Heap []int64
 
-type itemHeap []*heapItem
-
-func (h itemHeap) Len() int           { return len(h) }
-func (h itemHeap) Less(i, j int) bool { return h[i].prio < h[j].prio }
-func (h itemHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
-func (h *itemHeap) Push(x any)        { it := x.(*heapItem); it.index = len(*h); *h = append(*h, it) }
-func (h *itemHeap) Pop() any {
+func (h int64Heap) Len() int           { return len(h) }
+func (h int64Heap) Less(i, j int) bool { return h[i] < h[j] }
+func (h int64Heap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *int64Heap) Push(x any)        { *h = append(*h, x.(int64)) }
+func (h *int64Heap) Pop() any {
 	old := *h
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
+	x := old[len(old)-1]
 	*h = old[:len(old)-1]
-	return it
+	return x
 }
 
-// BenchmarkContainerHeap is the baseline of the brief's target (fair queue at
-// least 3x faster): container/heap Pop plus Push at 1M items, the shape of a
-// virtual-finish-time priority queue.
-func BenchmarkContainerHeap(b *testing.B) {
-	const n = 1_000_000
-	h := make(itemHeap, 0, n)
-	for i := range n {
-		h = append(h, &heapItem{prio: int64(i) * 7919 % n, index: i})
-	}
-	heap.Init(&h)
+// BenchmarkContainerHeap is the baseline of the brief's speed target (the
+// fair queue at least 3x faster at 100k tenants and 1M jobs): container/heap
+// of int64, Pop then Push of a key larger than every key queued (a virtual
+// finish time), 1M items, as in the benchmark method.
+// BenchmarkEnqueueDequeue/tenants=100k/jobs=1M/impl=container-heap is the
+// same measurement, run first so that the fair queue's sub-benchmarks after
+// it report the ratio (heap/drr) in the same run.
+func BenchmarkContainerHeap(b *testing.B) { benchContainerHeap(b) }
+
+// heapNs and heapN sum the time and operations of the container/heap peer
+// measured so far in this process; the fair queue's benchmarks at 100k
+// tenants and 1M jobs report heap/drr against their ratio.
+var heapNs, heapN float64
+
+func benchContainerHeap(b *testing.B) {
+	h := newInt64Heap()
 	b.ReportAllocs()
-	var vt int64 = n
 	for b.Loop() {
-		it := heap.Pop(&h).(*heapItem)
-		vt++
-		it.prio = vt
-		heap.Push(&h, it)
+		h.popPush()
 	}
+	heapNs += float64(b.Elapsed().Nanoseconds())
+	heapN += float64(b.N)
+}
+
+// reportVsHeap reports the container/heap peer's mean ns/op in this run
+// over this benchmark's ns/op as heap/drr (the speed-up; target at least 3).
+func reportVsHeap(b *testing.B) {
+	if heapN > 0 && b.N > 0 {
+		b.ReportMetric(heapNs/heapN/(float64(b.Elapsed().Nanoseconds())/float64(b.N)), "heap/drr")
+	}
+}
+
+type heapPeer struct {
+	h  int64Heap
+	vt int64
+}
+
+const heapPeerItems = 1_000_000
+
+func newInt64Heap() *heapPeer {
+	p := &heapPeer{h: make(int64Heap, 0, heapPeerItems+1), vt: heapPeerItems}
+	for i := range heapPeerItems {
+		p.h = append(p.h, int64(i)*7919%heapPeerItems)
+	}
+	heap.Init(&p.h)
+	return p
+}
+
+func (p *heapPeer) popPush() {
+	vt := heap.Pop(&p.h).(int64)
+	p.vt = max(p.vt, vt) + 1
+	heap.Push(&p.h, p.vt)
 }
 
 // BenchmarkMemoryPerJob reports the queue's memory per queued job beyond the

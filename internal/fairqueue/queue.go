@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math"
 	"sort"
 	"time"
@@ -17,8 +16,9 @@ var (
 	ErrTenantFull = errors.New("fairqueue: tenant queue full")
 	// ErrPoolFull: the pool-wide bound Config.MaxTotal is reached.
 	ErrPoolFull = errors.New("fairqueue: pool queue full")
-	// ErrDuplicateID: a job with the same ID is already queued.
-	ErrDuplicateID = errors.New("fairqueue: duplicate job id")
+	// ErrDuplicateID: this *Job is already queued. The queue does not
+	// compare IDs: keeping them unique is the caller's job.
+	ErrDuplicateID = errors.New("fairqueue: job already queued")
 	// ErrExpired: the job's deadline is not after now (BC-37).
 	ErrExpired = errors.New("fairqueue: job deadline already passed")
 	// ErrInvalidJob: the job is nil, has an empty ID, or a cost below 1.
@@ -36,27 +36,33 @@ const Granularity = time.Second
 
 // Job is one queued unit of batch work.
 //
-//   - ID identifies the job (unique among queued jobs); Tenant names its queue.
+//   - ID identifies the job for the caller (the queue does not index it; the
+//     caller keeps its own records by ID and passes the *Job to Cancel).
+//     Tenant names its queue.
 //   - Cost is its estimated cost in weighted tokens (CostModel.Cost's Weighted:
 //     prompt*w_in + max_output*w_out), at least 1; the deficit is charged this.
 //   - Deadline: the job expires at this instant (zero: never). Expired jobs
 //     are never dispatched (BC-37).
 //   - Value is the caller's payload (the request body, a job record).
 //
-// A Job belongs to the queue from Enqueue until Dequeue, Cancel or Sweep
-// returns it; the caller must not change it meanwhile.
+// A Job belongs to the queue from Enqueue (or Requeue) until Dequeue, Cancel
+// or Sweep returns it; the caller must not change it meanwhile. The queue
+// keeps 16 bytes of its own inside Job (ring position, deadline slot, bypass
+// count, queued flag).
 type Job struct {
 	ID, Tenant string
 	Cost       int64
 	Deadline   time.Time
 	Value      any
 
-	prev, next   *Job // tenant FIFO, circular through tenantQ.head
-	dprev, dnext *Job // deadline bucket list, circular through dbucket.head
-	bypassed     int32
+	pos      uint32 // absolute position in the tenant's ring; its slot is pos & mask
+	dpos     uint32 // slot in its deadline bucket, or noTicket
+	bypassed int32  // times overtaken through Lookahead while head
+	queued   bool
 }
 
-func (j *Job) queued() bool { return j.prev != nil }
+// noTicket is Job.dpos of a job that is not in the deadline index.
+const noTicket = math.MaxUint32
 
 // expiredAt reports whether the job's deadline is at or before now.
 func (j *Job) expiredAt(now time.Time) bool {
@@ -122,43 +128,176 @@ const (
 	Deprioritised
 )
 
-// tenantQ is one tenant's FIFO queue and round-robin state.
+// tenantQ is one tenant's FIFO queue and round-robin state. The FIFO is a
+// ring of job pointers: ring[s & (len(ring)-1)] holds the job at absolute
+// position s for head <= s < tail (uint32 arithmetic, wrapping). A job
+// removed from the middle (Cancel, Lookahead dispatch, Sweep) leaves a nil
+// tombstone; tombstones are skipped at both ends at once and compacted away
+// when they outnumber the live jobs, so head is always a live job.
 type tenantQ struct {
 	name       string
-	head       Job // sentinel of the FIFO
+	ring       []*Job // length a power of two, or nil
+	head, tail uint32
 	n          int
 	tokens     int64
 	deficit    int64
-	weight     int64 // 0: Config.DefaultWeight
-	maxQueued  int   // meaningful when countSet
-	maxTokens  int64 // meaningful when tokensSet
-	configured bool  // SetTenant or SetTenantMaxTokens was called: keep when empty
-	countSet   bool
-	tokensSet  bool
-	active     bool
+	weight     int64    // 0: Config.DefaultWeight
+	maxQueued  int      // meaningful when countSet
+	maxTokens  int64    // meaningful when tokensSet
 	prev, next *tenantQ // the round (ring of active tenants)
 	mark       uint64   // pass in which the tenant was last eligible
 	need       int64    // cost of the job it wanted in that pass
-	dep        bool     // deprioritised in that pass
 	headAt     int64    // Queue.served when the current head job became head
+	configured bool     // SetTenant or SetTenantMaxTokens was called: keep when empty
+	countSet   bool
+	tokensSet  bool
+	active     bool
+	dep        bool // deprioritised in the pass of mark
+	gone       bool // forgotten (no longer in Queue.tenants)
 }
 
+// minRing is the smallest ring a tenant gets; rings longer than maxIdleRing
+// are released when the tenant's queue empties.
+const (
+	minRing     = 4
+	maxIdleRing = 64
+)
+
+func (t *tenantQ) mask() uint32 { return uint32(len(t.ring) - 1) }
+
+// first returns the head job, or nil when the queue is empty.
 func (t *tenantQ) first() *Job {
-	if j := t.head.next; j != &t.head {
-		return j
+	if t.n == 0 {
+		return nil
 	}
-	return nil
+	return t.ring[t.head&t.mask()]
 }
 
-// dbucket holds the queued jobs whose deadline falls in [key, key+1) *
-// Granularity since the Unix epoch.
+// makeRoom frees one slot in a full ring: by compacting when at least half
+// of the slots are tombstones, else by doubling the ring.
+func (t *tenantQ) makeRoom() {
+	used := int(t.tail - t.head)
+	if used < len(t.ring) {
+		return
+	}
+	if used > 0 && used-t.n >= used/2 && t.n < used {
+		t.compact()
+		return
+	}
+	t.resize(max(minRing, 2*len(t.ring)))
+}
+
+// resize moves the ring to size slots (a power of two, at least the used
+// slots). Positions do not change, so no job is touched.
+func (t *tenantQ) resize(size int) {
+	old, oldMask := t.ring, t.mask()
+	t.ring = make([]*Job, size)
+	mask := t.mask()
+	for s := t.head; s != t.tail; s++ {
+		t.ring[s&mask] = old[s&oldMask]
+	}
+}
+
+// compact moves the live jobs to consecutive positions from head, dropping
+// the tombstones, and updates their positions. O(used slots).
+func (t *tenantQ) compact() {
+	mask := t.mask()
+	w := t.head
+	for s := t.head; s != t.tail; s++ {
+		j := t.ring[s&mask]
+		if j == nil {
+			continue
+		}
+		if s != w {
+			t.ring[w&mask] = j
+			t.ring[s&mask] = nil
+			j.pos = w
+		}
+		w++
+	}
+	t.tail = w
+}
+
+// pushBack appends j at the tail.
+func (t *tenantQ) pushBack(j *Job) {
+	t.makeRoom()
+	j.pos = t.tail
+	t.ring[t.tail&t.mask()] = j
+	t.tail++
+}
+
+// pushFront puts j before the head.
+func (t *tenantQ) pushFront(j *Job) {
+	t.makeRoom()
+	t.head--
+	j.pos = t.head
+	t.ring[t.head&t.mask()] = j
+}
+
+// unlink removes j from the ring (t.n is still counting it): the head and
+// the tail skip tombstones, and tombstones are compacted once they outnumber
+// the remaining live jobs.
+func (t *tenantQ) unlink(j *Job) {
+	mask := t.mask()
+	t.ring[j.pos&mask] = nil
+	switch {
+	case t.n == 1:
+		t.head, t.tail = 0, 0
+		return
+	case j.pos == t.head:
+		for t.head++; t.ring[t.head&mask] == nil; t.head++ {
+		}
+	case j.pos == t.tail-1:
+		for t.tail--; t.ring[(t.tail-1)&mask] == nil; t.tail-- {
+		}
+	}
+	live := t.n - 1
+	used := int(t.tail - t.head)
+	if used-live > live && used-live >= minRing {
+		t.compact()
+	}
+	if len(t.ring) > maxIdleRing && live*8 < len(t.ring) && int(t.tail-t.head) <= len(t.ring)/4 {
+		t.resize(len(t.ring) / 4)
+	}
+}
+
+// dbucket holds the deadline tickets of the queued jobs whose deadline falls
+// in [key, key+1) * Granularity since the Unix epoch. Tickets are validated
+// lazily: tickets[i] is live when its job is queued, its dpos is i and its
+// deadline is in this bucket; a removal only decrements live and leaves a
+// stale ticket behind (so it touches no ticket), and the stale tickets are
+// compacted away when an append would otherwise grow a slice that is at
+// least half stale.
 type dbucket struct {
-	key  int64
-	head Job // sentinel
-	idx  int // position in the heap
+	key     int64
+	tickets []*Job
+	live    int // live tickets
+	idx     int // position in the heap
 }
 
-func (b *dbucket) empty() bool { return b.head.dnext == &b.head }
+// valid reports whether tickets[i] == j is live.
+func (b *dbucket) valid(i int, j *Job) bool {
+	if j == nil || !j.queued || j.dpos != uint32(i) {
+		return false
+	}
+	k, _ := bucketKey(j.Deadline)
+	return k == b.key
+}
+
+// compact drops the stale tickets, keeping the order of the live ones and
+// updating their jobs' dpos. O(tickets).
+func (b *dbucket) compact() {
+	w := 0
+	for i, j := range b.tickets {
+		if b.valid(i, j) {
+			b.tickets[w] = j
+			j.dpos = uint32(w)
+			w++
+		}
+	}
+	clear(b.tickets[w:])
+	b.tickets = b.tickets[:w]
+}
 
 type bucketHeap []*dbucket
 
@@ -179,7 +318,6 @@ func (h *bucketHeap) Pop() any {
 type Queue struct {
 	cfg     Config
 	tenants map[string]*tenantQ
-	byID    idIndex
 	total   int
 
 	cur     *tenantQ // tenant whose turn it is; nil when no tenant is active
@@ -194,10 +332,11 @@ type Queue struct {
 	last        *Job
 	lastDeficit int64
 	lastHeadAt  int64
+	sink        int64 // written by warm so that its load is kept
 
 	buckets map[int64]*dbucket
 	bheap   bucketHeap
-	lastB   *dbucket
+	lastB   *dbucket // bucket of the latest insertion or removal
 	freeB   []*dbucket
 }
 
@@ -206,7 +345,6 @@ func New(cfg Config) *Queue {
 	return &Queue{
 		cfg:     cfg.normalized(),
 		tenants: make(map[string]*tenantQ),
-		byID:    idIndex{seed: maphash.MakeSeed()},
 		buckets: make(map[int64]*dbucket),
 	}
 }
@@ -258,7 +396,6 @@ func (q *Queue) tenant(name string) *tenantQ {
 	t := q.tenants[name]
 	if t == nil {
 		t = &tenantQ{name: name}
-		t.head.prev, t.head.next = &t.head, &t.head
 		q.tenants[name] = t
 	}
 	return t
@@ -296,26 +433,74 @@ func (q *Queue) RemoveTenant(tenant string) {
 	}
 	t.configured, t.countSet, t.tokensSet, t.weight = false, false, false, 0
 	if t.n == 0 {
-		delete(q.tenants, tenant)
+		q.forget(t)
 	}
 }
 
+// forget drops an empty, unconfigured tenant's state; handles on it
+// (TenantRef) are redirected to a fresh state on their next use.
+func (q *Queue) forget(t *tenantQ) {
+	delete(q.tenants, t.name)
+	t.gone = true
+}
+
+// TenantRef is a handle on one tenant's queue state, from Queue.Tenant:
+// EnqueueTo with it spares Enqueue the lookup of the tenant by name (a
+// string hash and a map probe, the largest cost of Enqueue with 100k
+// tenants). The zero TenantRef is not valid.
+type TenantRef struct{ t *tenantQ }
+
+// Name returns the tenant's name.
+func (r TenantRef) Name() string { return r.t.name }
+
+// Tenant returns a handle on the named tenant's queue state, creating it.
+// The state is then kept while empty, as after SetTenant, until
+// RemoveTenant; a handle used after RemoveTenant forgot the tenant still
+// works (EnqueueTo recreates the state).
+func (q *Queue) Tenant(name string) TenantRef {
+	t := q.tenant(name)
+	t.configured = true
+	return TenantRef{t}
+}
+
 // Enqueue appends j to its tenant's queue at now. Errors: ErrInvalidJob (nil,
-// empty ID, Cost < 1), ErrExpired (deadline at or before now), ErrDuplicateID,
-// ErrTenantFull (the tenant's count or token bound), ErrPoolFull
-// (Config.MaxTotal), each wrapped with details. A tenant that was not in the
-// round joins it at the end with a deficit of 0 (BC-34).
+// empty ID, Cost < 1), ErrExpired (deadline at or before now),
+// ErrDuplicateID (this *Job is already queued; the queue does not compare
+// IDs, the caller keeps them unique), ErrTenantFull (the tenant's count or
+// token bound), ErrPoolFull (Config.MaxTotal), each wrapped with details. A
+// tenant that was not in the round joins it at the end with a deficit of 0
+// (BC-34). O(1) amortised: one tenant map lookup, one ring slot and one
+// deadline ticket.
 func (q *Queue) Enqueue(now time.Time, j *Job) error {
 	if j == nil || j.ID == "" || j.Cost < 1 {
 		return ErrInvalidJob
 	}
+	return q.enqueue(now, q.tenants[j.Tenant], j)
+}
+
+// EnqueueTo is Enqueue for the tenant of ref (from Queue.Tenant), with the
+// same errors; it sets j.Tenant to the tenant's name. It costs one tenant
+// state and one ring slot, without hashing the name.
+func (q *Queue) EnqueueTo(now time.Time, ref TenantRef, j *Job) error {
+	if j == nil || j.ID == "" || j.Cost < 1 || ref.t == nil {
+		return ErrInvalidJob
+	}
+	t := ref.t
+	if t.gone {
+		t = q.Tenant(t.name).t
+	}
+	j.Tenant = t.name
+	return q.enqueue(now, t, j)
+}
+
+// enqueue is Enqueue with j's tenant state looked up (nil: none yet).
+func (q *Queue) enqueue(now time.Time, t *tenantQ, j *Job) error {
 	if j.expiredAt(now) {
 		return ErrExpired
 	}
-	if j.queued() || q.byID.get(j.ID) != nil {
+	if j.queued {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, j.ID)
 	}
-	t := q.tenants[j.Tenant]
 	limit, maxTokens := -1, q.cfg.DefaultMaxQueuedTokens // limit -1: no count bound
 	if q.cfg.DefaultMaxQueued > 0 {
 		limit = q.cfg.DefaultMaxQueued
@@ -343,20 +528,17 @@ func (q *Queue) Enqueue(now time.Time, j *Job) error {
 		t = q.tenant(j.Tenant)
 	}
 	j.bypassed = 0
-	j.prev, j.next = t.head.prev, &t.head
-	t.head.prev.next = j
-	t.head.prev = j
+	t.pushBack(j)
 	q.added(t, j)
-	q.dropEmptyBuckets()
 	return nil
 }
 
-// added accounts for j, already linked into t's FIFO.
+// added accounts for j, already in t's ring.
 func (q *Queue) added(t *tenantQ, j *Job) {
+	j.queued = true
 	t.n++
 	t.tokens += j.Cost
 	q.total++
-	q.byID.insert(j)
 	q.indexDeadline(j)
 	if !t.active {
 		q.activate(t)
@@ -398,29 +580,28 @@ func (q *Queue) deactivate(t *tenantQ) {
 	}
 	t.prev, t.next = nil, nil
 	q.nActive--
+	if len(t.ring) > maxIdleRing {
+		t.ring, t.head, t.tail = nil, 0, 0
+	}
 	if !t.configured && t.n == 0 {
-		delete(q.tenants, t.name)
+		q.forget(t)
 	}
 }
 
-// remove unlinks a queued job from everything; it leaves the deficit alone
-// except that a tenant whose queue empties leaves the round.
+// remove takes a queued job out of its tenant's ring and the deadline
+// index; it leaves the deficit alone except that a tenant whose queue
+// empties leaves the round. It touches no other job (except when a
+// compaction of tombstones is due).
 func (q *Queue) remove(t *tenantQ, j *Job) {
-	if j.prev == &t.head { // the next job becomes head: its wait starts now
+	if j.pos == t.head { // the next job becomes head: its wait starts now
 		t.headAt = q.served
 	}
-	j.prev.next = j.next
-	j.next.prev = j.prev
-	j.prev, j.next = nil, nil
-	if j.dprev != nil {
-		j.dprev.dnext = j.dnext
-		j.dnext.dprev = j.dprev
-		j.dprev, j.dnext = nil, nil
-	}
+	t.unlink(j)
+	q.unindexDeadline(j)
+	j.queued = false
 	t.n--
 	t.tokens -= j.Cost
 	q.total--
-	q.byID.remove(j)
 	if t.n == 0 {
 		q.deactivate(t)
 	}
@@ -455,7 +636,11 @@ func (q *Queue) advance() {
 // deficit and gains nothing while passed over. Dequeue returns nil when no
 // job is queued or after one full pass in which no tenant was eligible; it is
 // work-conserving: while any tenant is eligible, it returns a job, so a lone
-// eligible tenant gets everything.
+// eligible tenant gets everything. Expired jobs are dropped from the head of
+// each tenant visited; a tenant whose turn it still is but whose deficit is
+// spent (below 1 weighted token) is passed over without reading its jobs, so
+// its expired head jobs are dropped on its next visit or by Sweep. O(1)
+// amortised per returned job when tenants are eligible.
 func (q *Queue) Dequeue(now time.Time, eligible func(tenant string, head *Job) bool) (next *Job, expired []*Job) {
 	if eligible == nil {
 		return q.DequeueWith(now, nil)
@@ -482,6 +667,15 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 	startCur, startGranted, everEligible := q.cur, q.granted, false
 	for q.cur != nil {
 		t := q.cur
+		if q.granted && t.deficit < 1 && !q.agedTenant(t) {
+			// The tenant has had its quantum for this visit and spent it:
+			// no job (Cost >= 1) can go, so its visit ends without reading
+			// its jobs. It is not counted as seen, so it comes round again
+			// (with a fresh quantum) before this call can give up; its
+			// expired head jobs are dropped then or by Sweep.
+			q.advance()
+			continue
+		}
 		for j := t.first(); j != nil && j.expiredAt(now); j = t.first() {
 			q.remove(t, j)
 			expired = append(expired, j)
@@ -514,6 +708,7 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 				t.deficit -= pick.Cost
 				q.served += pick.Cost
 				q.remove(t, pick)
+				q.warm()
 				return pick, expired
 			}
 		}
@@ -528,6 +723,30 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 		}
 	}
 	return nil, expired
+}
+
+// warm reads the head job of the tenant the next Dequeue will examine first
+// (the one at the turn, or the next in the round when the one at the turn
+// has spent its quantum), so that its
+// cache miss overlaps with the caller's work instead of stalling that
+// Dequeue: with 1M queued jobs the head job is almost never in cache.
+func (q *Queue) warm() {
+	t := q.cur
+	if t == nil {
+		return
+	}
+	if q.granted && t.deficit < 1 {
+		t = t.next
+	}
+	if t.n > 0 {
+		q.sink += t.ring[t.head&t.mask()].Cost
+	}
+}
+
+// agedTenant reports whether t's head job, whichever it is, has waited as
+// head while at least Config.MaxWaitTokens weighted tokens were dispatched.
+func (q *Queue) agedTenant(t *tenantQ) bool {
+	return q.cfg.MaxWaitTokens > 0 && q.served-t.headAt >= q.cfg.MaxWaitTokens
 }
 
 // aged reports whether pick is t's head job and has waited, as head, while
@@ -550,17 +769,18 @@ func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) Elig
 	if q.cfg.Lookahead == 0 || int(head.bypassed) >= q.cfg.MaxBypass {
 		return nil, Ineligible
 	}
-	j := head.next
-	for range q.cfg.Lookahead {
-		if j == &t.head {
-			break
+	mask := t.mask()
+	for s, seen := t.head+1, 0; s != t.tail && seen < q.cfg.Lookahead; s++ {
+		j := t.ring[s&mask]
+		if j == nil { // tombstone: not a job
+			continue
 		}
+		seen++
 		if !j.expiredAt(now) {
 			if el := eligible(t.name, j); el != Ineligible {
 				return j, el
 			}
 		}
-		j = j.next
 	}
 	return nil, Ineligible
 }
@@ -604,13 +824,9 @@ func (q *Queue) fastForward() bool {
 // Requeue puts a job returned by Dequeue back at the head of its tenant's
 // queue (the upstream refused it, e.g. 429) and gives back the deficit it was
 // charged, so it is not charged twice. Bounds do not apply (the job was
-// already admitted). A job that is queued, or whose ID is queued, is left
-// alone.
+// already admitted). A job that is queued is left alone.
 func (q *Queue) Requeue(j *Job) {
-	if j == nil || j.ID == "" || j.queued() {
-		return
-	}
-	if q.byID.get(j.ID) != nil {
+	if j == nil || j.ID == "" || j.Cost < 1 || j.queued {
 		return
 	}
 	t := q.tenant(j.Tenant)
@@ -621,9 +837,7 @@ func (q *Queue) Requeue(j *Job) {
 	undo := j == q.last && !t.active
 	last := j == q.last
 	q.last = nil
-	j.prev, j.next = &t.head, t.head.next
-	t.head.next.prev = j
-	t.head.next = j
+	t.pushFront(j)
 	q.added(t, j)
 	t.headAt = q.served // the job is head again; its wait restarts
 	if last {
@@ -639,22 +853,21 @@ func (q *Queue) Requeue(j *Job) {
 	t.deficit += j.Cost
 }
 
-// Cancel removes the queued job with the given ID and returns it; false when
-// no such job is queued. O(1). The tenant's deficit is untouched.
-func (q *Queue) Cancel(id string) (*Job, bool) {
-	j := q.byID.get(id)
-	if j == nil {
-		return nil, false
+// Cancel removes j from the queue and reports whether it was queued (false:
+// never enqueued, or already returned by Dequeue, Cancel or Sweep). O(1)
+// amortised: one tenant map lookup; the job's ring slot becomes a tombstone.
+// The tenant's deficit is untouched. The queue keeps no index by ID: the
+// caller finds the *Job in its own records.
+func (q *Queue) Cancel(j *Job) bool {
+	if j == nil || !j.queued {
+		return false
 	}
 	q.remove(q.tenants[j.Tenant], j)
-	return j, true
+	return true
 }
 
-// Get returns the queued job with the given ID.
-func (q *Queue) Get(id string) (*Job, bool) {
-	j := q.byID.get(id)
-	return j, j != nil
-}
+// Queued reports whether j is in the queue.
+func (q *Queue) Queued(j *Job) bool { return j != nil && j.queued }
 
 // bucketKey returns the deadline bucket of d and false when d is beyond the
 // range of Unix nanoseconds (such a job is never swept, only checked at
@@ -673,7 +886,22 @@ func bucketKey(d time.Time) (int64, bool) {
 	return k, true
 }
 
+// bucket returns the deadline bucket with the given key, or nil.
+func (q *Queue) bucket(key int64) *dbucket {
+	if b := q.lastB; b != nil && b.key == key {
+		return b
+	}
+	b := q.buckets[key]
+	if b != nil {
+		q.lastB = b
+	}
+	return b
+}
+
+// indexDeadline gives j a ticket in the bucket of its deadline (none for no
+// deadline or one beyond Unix nanoseconds).
 func (q *Queue) indexDeadline(j *Job) {
+	j.dpos = noTicket
 	if j.Deadline.IsZero() {
 		return
 	}
@@ -681,44 +909,55 @@ func (q *Queue) indexDeadline(j *Job) {
 	if !ok {
 		return
 	}
-	b := q.lastB
-	if b == nil || b.key != key {
-		b = q.buckets[key]
-		if b == nil {
-			if n := len(q.freeB); n > 0 {
-				b, q.freeB = q.freeB[n-1], q.freeB[:n-1]
-			} else {
-				b = &dbucket{}
-			}
-			b.key = key
-			b.head.dprev, b.head.dnext = &b.head, &b.head
-			q.buckets[key] = b
-			heap.Push(&q.bheap, b)
+	b := q.bucket(key)
+	if b == nil {
+		if n := len(q.freeB); n > 0 {
+			b, q.freeB = q.freeB[n-1], q.freeB[:n-1]
+		} else {
+			b = &dbucket{}
 		}
+		b.key = key
+		q.buckets[key] = b
+		heap.Push(&q.bheap, b)
 		q.lastB = b
 	}
-	j.dprev, j.dnext = b.head.dprev, &b.head
-	b.head.dprev.dnext = j
-	b.head.dprev = j
+	if n := len(b.tickets); n == cap(b.tickets) && n >= 2*b.live+minRing {
+		b.compact()
+	}
+	j.dpos = uint32(len(b.tickets))
+	b.tickets = append(b.tickets, j)
+	b.live++
 }
 
-// popBucket drops the bucket at the top of the heap.
-func (q *Queue) popBucket() {
-	b := heap.Pop(&q.bheap).(*dbucket)
+// unindexDeadline lets j's ticket go stale (j is leaving the queue); a
+// bucket left without live tickets is dropped.
+func (q *Queue) unindexDeadline(j *Job) {
+	if j.dpos == noTicket {
+		return
+	}
+	key, _ := bucketKey(j.Deadline)
+	b := q.bucket(key)
+	j.dpos = noTicket
+	if b.live--; b.live == 0 {
+		q.dropBucket(b)
+	}
+}
+
+// dropBucket removes an empty bucket from the index and keeps it for reuse
+// (its slices too, unless they are large).
+func (q *Queue) dropBucket(b *dbucket) {
+	heap.Remove(&q.bheap, b.idx)
 	delete(q.buckets, b.key)
 	if q.lastB == b {
 		q.lastB = nil
 	}
 	if len(q.freeB) < 64 {
+		if cap(b.tickets) > 1024 {
+			b.tickets = nil
+		}
+		clear(b.tickets)
+		b.tickets = b.tickets[:0]
 		q.freeB = append(q.freeB, b)
-	}
-}
-
-// dropEmptyBuckets drops empty buckets at the top of the heap (amortised
-// O(1): each bucket is dropped once).
-func (q *Queue) dropEmptyBuckets() {
-	for len(q.bheap) > 0 && q.bheap[0].empty() && q.bheap[0] != q.lastB {
-		q.popBucket()
 	}
 }
 
@@ -726,8 +965,8 @@ func (q *Queue) dropEmptyBuckets() {
 // queued, and returns them in deadline-bucket order (BC-35: expired jobs stop
 // counting toward the bounds at once, not when the round reaches them). It
 // never touches a deficit, except that a tenant whose queue empties leaves the
-// round. When nothing has expired it costs O(1) plus the jobs of the current
-// one-second deadline bucket.
+// round. When nothing has expired it costs O(1) plus the tickets of the
+// current one-second deadline bucket.
 func (q *Queue) Sweep(now time.Time) []*Job {
 	var out []*Job
 	nowKey, ok := bucketKey(now)
@@ -740,18 +979,16 @@ func (q *Queue) Sweep(now time.Time) []*Job {
 			break
 		}
 		whole := b.key < nowKey // every deadline in b is before now's bucket
-		for j := b.head.dnext; j != &b.head; {
-			nx := j.dnext
-			if whole || j.expiredAt(now) {
+		tickets := b.tickets    // the last removal may recycle b
+		for i, j := range tickets {
+			if b.valid(i, j) && (whole || j.expiredAt(now)) {
 				q.remove(q.tenants[j.Tenant], j)
 				out = append(out, j)
 			}
-			j = nx
 		}
-		if !b.empty() {
-			break
+		if q.bheap.Len() > 0 && q.bheap[0] == b {
+			break // jobs of now's bucket that have not expired yet
 		}
-		q.popBucket()
 	}
 	return out
 }

@@ -158,7 +158,8 @@ func TestSeed000_FullTenantDoesNotBlockOthers(t *testing.T) {
 
 func TestEnqueueErrors(t *testing.T) {
 	q := New(Config{})
-	mustEnqueue(t, q, now0, job("x", "a", 5))
+	dup := job("x", "a", 5)
+	mustEnqueue(t, q, now0, dup)
 	for name, tc := range map[string]struct {
 		j    *Job
 		want error
@@ -166,7 +167,7 @@ func TestEnqueueErrors(t *testing.T) {
 		"nil":           {nil, ErrInvalidJob},
 		"empty id":      {job("", "a", 1), ErrInvalidJob},
 		"zero cost":     {job("z", "a", 0), ErrInvalidJob},
-		"duplicate":     {job("x", "b", 1), ErrDuplicateID},
+		"duplicate":     {dup, ErrDuplicateID},
 		"past deadline": {jobAt("p", "a", 1, at(-time.Second)), ErrExpired},
 		"deadline now":  {jobAt("p", "a", 1, now0), ErrExpired},
 	} {
@@ -364,6 +365,7 @@ func TestBC38_PropertyCountsNeverDrift(t *testing.T) {
 			q := New(Config{Quantum: 700, MaxTotal: 60, DefaultMaxQueued: 15, Lookahead: int(seed % 3), MaxBypass: 2})
 			tenants := []string{"a", "b", "c", "d", "e"}
 			model := map[string]*Job{} // queued, by ID
+			all := map[string]*Job{}   // every job created, by ID (the caller's records)
 			var out []*Job             // dequeued and not yet settled
 			next := 0
 			now := now0
@@ -380,6 +382,7 @@ func TestBC38_PropertyCountsNeverDrift(t *testing.T) {
 				case op < 4:
 					j := job("j"+strconv.Itoa(next), tenants[rng.IntN(len(tenants))], 1+rng.Int64N(2000))
 					next++
+					all[j.ID] = j
 					if rng.IntN(2) == 0 {
 						j.Deadline = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
 					}
@@ -407,8 +410,9 @@ func TestBC38_PropertyCountsNeverDrift(t *testing.T) {
 				case op == 7:
 					if len(model) > 0 {
 						id := "j" + strconv.Itoa(rng.IntN(next))
-						j, ok := q.Cancel(id)
-						if ok != (model[id] != nil) {
+						j := all[id]
+						ok := q.Cancel(j)
+						if ok != (model[id] != nil) || q.Queued(j) {
 							t.Fatalf("step %d: Cancel(%s) = %v, model has %v", step, id, ok, model[id] != nil)
 						}
 						if ok {
@@ -466,12 +470,12 @@ func checkInvariants(t *testing.T, q *Queue, model map[string]*Job, tenants []st
 		want[j.Tenant]++
 		wantTokens[j.Tenant] += j.Cost
 	}
-	if q.Total() != len(model) || q.byID.len() != len(model) {
-		t.Fatalf("Total %d, index %d, model %d", q.Total(), q.byID.len(), len(model))
+	if q.Total() != len(model) {
+		t.Fatalf("Total %d, model %d", q.Total(), len(model))
 	}
 	for id, j := range model {
-		if q.byID.get(id) != j {
-			t.Fatalf("index lookup of %s failed", id)
+		if !q.Queued(j) {
+			t.Fatalf("%s not marked queued", id)
 		}
 	}
 	active := 0
@@ -487,9 +491,19 @@ func checkInvariants(t *testing.T, q *Queue, model map[string]*Job, tenants []st
 			continue
 		}
 		n := 0
-		for j := tq.head.next; j != &tq.head; j = j.next {
-			if model[j.ID] != j {
-				t.Fatalf("tenant %s lists %s, not in the model", name, j.ID)
+		if used := int(tq.tail - tq.head); used > len(tq.ring) || tq.n > 0 && (tq.ring[tq.head&tq.mask()] == nil || tq.ring[(tq.tail-1)&tq.mask()] == nil) {
+			t.Fatalf("tenant %s: %d slots used of %d, or a tombstone at an end", name, used, len(tq.ring))
+		}
+		if tombs := int(tq.tail-tq.head) - tq.n; tombs > max(tq.n, minRing) {
+			t.Fatalf("tenant %s: %d tombstones for %d jobs", name, tombs, tq.n)
+		}
+		for s := tq.head; s != tq.tail; s++ {
+			j := tq.ring[s&tq.mask()]
+			if j == nil {
+				continue
+			}
+			if model[j.ID] != j || j.pos != s {
+				t.Fatalf("tenant %s lists %s at %d (pos %d), not in the model", name, j.ID, s, j.pos)
 			}
 			n++
 		}
@@ -528,15 +542,26 @@ func checkInvariants(t *testing.T, q *Queue, model map[string]*Job, tenants []st
 	}
 	indexed := 0
 	for _, b := range q.bheap {
-		for j := b.head.dnext; j != &b.head; j = j.dnext {
+		live := 0
+		for i, j := range b.tickets {
+			if !b.valid(i, j) {
+				continue
+			}
 			if model[j.ID] != j {
 				t.Fatalf("deadline index holds %s, not queued", j.ID)
 			}
-			if k, _ := bucketKey(j.Deadline); k != b.key {
-				t.Fatalf("job %s in bucket %d, want %d", j.ID, b.key, k)
+			if k, _ := bucketKey(j.Deadline); k != b.key || j.dpos != uint32(i) {
+				t.Fatalf("job %s in bucket %d slot %d, want %d slot %d", j.ID, b.key, i, k, j.dpos)
 			}
-			indexed++
+			live++
 		}
+		if live != b.live || live == 0 || q.buckets[b.key] != b {
+			t.Fatalf("bucket %d: %d live tickets, live %d, %d tickets", b.key, live, b.live, len(b.tickets))
+		}
+		indexed += live
+	}
+	if len(q.buckets) != len(q.bheap) {
+		t.Fatalf("%d buckets in the map, %d in the heap", len(q.buckets), len(q.bheap))
 	}
 	withDeadline := 0
 	for _, j := range model {
@@ -708,21 +733,25 @@ func TestRequeueRestoresDeficit(t *testing.T) {
 	}
 }
 
-func TestCancelAndGet(t *testing.T) {
+func TestCancelAndQueued(t *testing.T) {
 	q := New(Config{Quantum: 1000})
-	mustEnqueue(t, q, now0, job("a1", "A", 300), jobAt("a2", "A", 300, at(time.Hour)), job("b1", "B", 300))
-	q.Dequeue(now0, nil) // A: deficit 700
-	if j, ok := q.Get("a2"); !ok || j.ID != "a2" {
-		t.Fatalf("Get(a2) = %v, %v", j, ok)
+	a2 := jobAt("a2", "A", 300, at(time.Hour))
+	mustEnqueue(t, q, now0, job("a1", "A", 300), a2, job("b1", "B", 300))
+	a1, _ := q.Dequeue(now0, nil) // A: deficit 700
+	if a1.ID != "a1" || q.Queued(a1) || q.Cancel(a1) {
+		t.Fatalf("dequeued %s still queued or cancellable", a1.ID)
 	}
-	if j, ok := q.Cancel("a2"); !ok || j.ID != "a2" {
-		t.Fatalf("Cancel(a2) = %v, %v", j, ok)
+	if !q.Queued(a2) {
+		t.Fatal("a2 not queued")
 	}
-	if _, ok := q.Cancel("a2"); ok {
+	if !q.Cancel(a2) {
+		t.Fatal("Cancel(a2) = false")
+	}
+	if q.Cancel(a2) {
 		t.Error("second Cancel(a2) succeeded")
 	}
-	if _, ok := q.Get("a2"); ok {
-		t.Error("Get after Cancel found the job")
+	if q.Queued(a2) || q.Cancel(nil) || q.Cancel(job("a3", "A", 1)) {
+		t.Error("Queued after Cancel, or Cancel of a job never queued succeeded")
 	}
 	if q.Len("A") != 0 || q.Deficit("A") != 0 || q.Total() != 1 {
 		t.Errorf("A len %d deficit %d total %d; want 0, 0, 1", q.Len("A"), q.Deficit("A"), q.Total())
@@ -730,8 +759,8 @@ func TestCancelAndGet(t *testing.T) {
 	if swept := q.Sweep(at(2 * time.Hour)); len(swept) != 0 {
 		t.Errorf("sweep found the cancelled job: %v", ids(swept))
 	}
-	// The ID is free again.
-	mustEnqueue(t, q, now0, job("a2", "A", 300))
+	// The job may be queued again.
+	mustEnqueue(t, q, now0, a2)
 }
 
 // TestBC32_LookaheadWithBoundedBypass: with 950 of 1000 KV blocks held, R1
@@ -861,5 +890,137 @@ func checkShares(t *testing.T, weights []int64, tokens []float64) {
 	}
 	if j := jain(norm); j < 0.99 {
 		t.Errorf("Jain index %.4f, want >= 0.99", j)
+	}
+}
+
+// TestTenantRefEnqueueTo: EnqueueTo with a TenantRef queues exactly as
+// Enqueue by name (same FIFO, same bounds), sets the job's Tenant, and a
+// ref kept across RemoveTenant (which forgot the empty tenant) still works.
+func TestTenantRefEnqueueTo(t *testing.T) {
+	q := New(Config{Quantum: 1000})
+	ref := q.Tenant("A")
+	if ref.Name() != "A" || len(q.Tenants()) != 1 {
+		t.Fatalf("ref %q, tenants %v", ref.Name(), q.Tenants())
+	}
+	j1, j2 := job("a1", "", 300), job("a2", "other", 300)
+	if err := q.EnqueueTo(now0, ref, j1); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q, now0, job("a3", "A", 300))
+	if err := q.EnqueueTo(now0, ref, j2); err != nil {
+		t.Fatal(err)
+	}
+	if j1.Tenant != "A" || j2.Tenant != "A" || q.Len("A") != 3 || q.Len("other") != 0 {
+		t.Fatalf("tenants %q %q, len A %d other %d", j1.Tenant, j2.Tenant, q.Len("A"), q.Len("other"))
+	}
+	if got := ids(drain(t, q, now0)); fmt.Sprint(got) != "[a1 a3 a2]" {
+		t.Fatalf("order %v, want [a1 a3 a2]", got)
+	}
+	if err := q.EnqueueTo(now0, TenantRef{}, job("z", "A", 1)); !errors.Is(err, ErrInvalidJob) {
+		t.Errorf("zero ref: %v, want ErrInvalidJob", err)
+	}
+	q.SetTenant("A", 1, 1)
+	mustEnqueue(t, q, now0, job("b1", "A", 1))
+	if err := q.EnqueueTo(now0, ref, job("b2", "A", 1)); !errors.Is(err, ErrTenantFull) {
+		t.Errorf("bound via ref: %v, want ErrTenantFull", err)
+	}
+	drain(t, q, now0)
+	q.RemoveTenant("A") // empty and unconfigured: forgotten
+	if len(q.Tenants()) != 0 {
+		t.Fatalf("tenants after RemoveTenant: %v", q.Tenants())
+	}
+	if err := q.EnqueueTo(now0, ref, job("c1", "A", 1)); err != nil || q.Len("A") != 1 || q.Total() != 1 {
+		t.Fatalf("stale ref: %v, len %d total %d", err, q.Len("A"), q.Total())
+	}
+	if j, _ := q.Dequeue(now0, nil); j == nil || j.ID != "c1" {
+		t.Fatalf("dequeued %v, want c1", j)
+	}
+}
+
+// TestRingsAndTicketsUnderChurn drives two tenants with hundreds of jobs
+// each through enqueues, cancellations from the middle, dispatches,
+// requeues and sweeps, so that rings grow, compact their tombstones and
+// shrink, and deadline buckets compact their stale tickets; after every
+// step each tenant's jobs come out of its ring in the model's FIFO order
+// and the invariants hold.
+func TestRingsAndTicketsUnderChurn(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	q := New(Config{Quantum: 100})
+	tenants := []string{"a", "b"}
+	fifo := map[string][]*Job{}
+	model := map[string]*Job{}
+	now := now0
+	next := 0
+	drop := func(j *Job) {
+		s := fifo[j.Tenant]
+		for i, x := range s {
+			if x == j {
+				fifo[j.Tenant] = append(s[:i:i], s[i+1:]...)
+				delete(model, j.ID)
+				return
+			}
+		}
+		t.Fatalf("%s not in the model", j.ID)
+	}
+	for step := range 20000 {
+		phase := step / 2500 % 2 // grow, then shrink
+		switch op := rng.IntN(10); {
+		case op < 5-phase*2 && len(model) < 1500 || len(model) == 0:
+			tn := tenants[rng.IntN(2)]
+			j := job("j"+strconv.Itoa(next), tn, 1+rng.Int64N(150))
+			next++
+			if rng.IntN(3) > 0 {
+				j.Deadline = now.Add(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
+			}
+			mustEnqueue(t, q, now, j)
+			fifo[tn] = append(fifo[tn], j)
+			model[j.ID] = j
+		case op < 7:
+			s := fifo[tenants[rng.IntN(2)]]
+			if len(s) > 0 {
+				j := s[rng.IntN(len(s))]
+				if !q.Cancel(j) {
+					t.Fatalf("step %d: Cancel(%s) false", step, j.ID)
+				}
+				drop(j)
+			}
+		case op < 9:
+			j, exp := q.Dequeue(now, nil)
+			for _, e := range exp {
+				drop(e)
+			}
+			if j != nil {
+				if s := fifo[j.Tenant]; len(s) == 0 || s[0] != j {
+					t.Fatalf("step %d: dispatched %s, not its tenant's head", step, j.ID)
+				}
+				drop(j)
+				if rng.IntN(4) == 0 {
+					q.Requeue(j)
+					fifo[j.Tenant] = append([]*Job{j}, fifo[j.Tenant]...)
+					model[j.ID] = j
+				}
+			}
+		default:
+			now = now.Add(time.Duration(rng.IntN(200)) * time.Millisecond)
+			for _, j := range q.Sweep(now) {
+				drop(j)
+			}
+		}
+		if step%97 == 0 {
+			checkInvariants(t, q, model, tenants)
+			for _, tn := range tenants {
+				var got []*Job
+				if tq := q.tenants[tn]; tq != nil {
+					for s := tq.head; s != tq.tail; s++ {
+						if j := tq.ring[s&tq.mask()]; j != nil {
+							got = append(got, j)
+						}
+					}
+				}
+				if fmt.Sprint(ids(got)) != fmt.Sprint(ids(fifo[tn])) {
+					t.Fatalf("step %d: tenant %s ring %v, model %v", step, tn, ids(got), ids(fifo[tn]))
+				}
+			}
+		}
 	}
 }

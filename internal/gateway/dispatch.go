@@ -69,6 +69,13 @@ type dispatcher struct {
 	// bound when the job is put back (Requeue ignores bounds).
 	held map[string]int
 
+	// byID holds every job handed to the fair queue and not yet finished
+	// (queued, dequeued, running or waiting for a retry), by job ID, so that
+	// a cancellation by ID finds the *fairqueue.Job (the queue keeps no ID
+	// index). Guarded by the queue lock, like held; entries are added when
+	// the job is enqueued and dropped when it reaches a terminal status.
+	byID map[string]*fairqueue.Job
+
 	// dequeuedHook, when set (tests), runs in the loop right after a job is
 	// taken out of the queue, before it is started; no lock is held.
 	dequeuedHook atomic.Pointer[func(*fairqueue.Job)]
@@ -80,7 +87,7 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, blocked: map[string]time.Time{}}
+	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
 }
 
 // unholdLocked releases the bound slot of one job of tenant taken out by
@@ -91,6 +98,27 @@ func (d *dispatcher) unholdLocked(tenant string) {
 		return
 	}
 	d.held[tenant]--
+}
+
+// trackLocked records a job just enqueued in the fair queue; the queue lock
+// must be held.
+func (d *dispatcher) trackLocked(fj *fairqueue.Job) { d.byID[fj.ID] = fj }
+
+// cancelLocked removes the job with the given ID from the fair queue and
+// reports whether it was queued there (false: unknown, dequeued, running or
+// waiting for a retry); the queue lock must be held.
+func (d *dispatcher) cancelLocked(q *fairqueue.Queue, id string) bool {
+	fj := d.byID[id]
+	if fj == nil || !q.Cancel(fj) {
+		return false
+	}
+	delete(d.byID, id)
+	return true
+}
+
+// forget drops a finished job from byID.
+func (d *dispatcher) forget(id string) {
+	d.g.reg.WithQueue(func(*fairqueue.Queue) { delete(d.byID, id) })
 }
 
 // queuedLocked is the number of the tenant's jobs that count toward its
@@ -251,7 +279,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				d.held[next.Tenant]++ // released by start
 			}
 			for _, o := range out {
-				q.Cancel(o.job.ID)
+				q.Cancel(o.job)
 			}
 		})
 		if h := d.dequeuedHook.Load(); h != nil && next != nil {
@@ -465,6 +493,7 @@ func (d *dispatcher) requeueNow(fj *fairqueue.Job, attempts int) {
 		j.Status, j.Attempts = jobs.StatusQueued, max(attempts, 0)
 		return nil
 	}); err != nil {
+		d.forget(fj.ID) // the job is gone from the store
 		return
 	}
 	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
@@ -493,6 +522,7 @@ func (d *dispatcher) retryLater(now time.Time, fj *fairqueue.Job, job jobs.Job, 
 		j.Error = &jobs.Error{Code: jobCodeUpstream, Message: msg + " Retrying."}
 		return nil
 	}); err != nil {
+		d.forget(fj.ID) // the job is gone from the store
 		return
 	}
 	d.mu.Lock()
@@ -519,6 +549,7 @@ func (d *dispatcher) finish(now time.Time, id, tenant string, st jobs.Status, e 
 // it for the tenant and the metrics.
 func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status, e jobs.Error, resp json.RawMessage, u *jobs.Usage) {
 	g := d.g
+	d.forget(id)
 	job, err := g.store.Update(id, func(j *jobs.Job) error {
 		if j.Status.Finished() {
 			return errors.New("already finished")
@@ -555,7 +586,7 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
 	g := d.g
 	var removed bool
-	g.reg.WithQueue(func(q *fairqueue.Queue) { _, removed = q.Cancel(id) })
+	g.reg.WithQueue(func(q *fairqueue.Queue) { removed = d.cancelLocked(q, id) })
 	if !removed {
 		d.mu.Lock()
 		if _, ok := d.retries[id]; ok {
@@ -563,6 +594,9 @@ func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
 			removed = true
 		}
 		d.mu.Unlock()
+		if removed {
+			d.forget(id)
+		}
 	}
 	if !removed {
 		j, _ := g.store.Get(id)
@@ -597,7 +631,7 @@ func (g *Gateway) tenantRemoved(t *registry.Tenant) {
 		}
 		for _, j := range list {
 			var removed bool
-			g.reg.WithQueue(func(q *fairqueue.Queue) { _, removed = q.Cancel(j.ID) })
+			g.reg.WithQueue(func(q *fairqueue.Queue) { removed = d.cancelLocked(q, j.ID) })
 			d.mu.Lock()
 			if _, ok := d.retries[j.ID]; ok {
 				delete(d.retries, j.ID)

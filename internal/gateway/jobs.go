@@ -253,8 +253,11 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			err = fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
 			return
 		}
-		err = q.Enqueue(now, &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
-			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}})
+		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
+			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}}
+		if err = q.Enqueue(now, fj); err == nil {
+			g.dispatch.trackLocked(fj)
+		}
 	})
 	if err != nil {
 		_ = g.store.Delete(job.ID)

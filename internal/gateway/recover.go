@@ -99,7 +99,9 @@ func (g *Gateway) recover(ctx context.Context) error {
 		var err error
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			q.SetTenant(j.Tenant, pol.Weight, -1)
-			err = q.Enqueue(now, fj)
+			if err = q.Enqueue(now, fj); err == nil {
+				d.trackLocked(fj)
+			}
 			q.SetTenant(j.Tenant, pol.Weight, pol.MaxQueued)
 		})
 		switch {

@@ -77,7 +77,7 @@ func newDurableEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, 
 // inQueue reports whether the job is in the fair queue.
 func (e *durableEnv) inQueue(id string) bool {
 	var ok bool
-	e.reg.WithQueue(func(q *fairqueue.Queue) { _, ok = q.Get(id) })
+	e.reg.WithQueue(func(q *fairqueue.Queue) { ok = q.Queued(e.gw.dispatch.byID[id]) })
 	return ok
 }
 
