@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-e2e test-restart ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -88,6 +88,10 @@ test-exercises: ## Seed 002 exercises B and D on the real gateway and simulator,
 test-e2e: tools ## The demo scenario on the real control plane with the three binaries, asserted.
 	$(GO) test -count=1 -timeout 20m -v ./test/e2e/...
 
+.PHONY: test-goodput
+test-goodput: ## Gateway goodput against the simulator on loopback: zero upstream 429s after warm-up, >= 90% of the quota (about 20 s).
+	$(GO) test -count=1 -run TestGoodputGateway ./test/goodput/
+
 .PHONY: test-restart
 test-restart: tools ## Kill -9 the scheduler mid-import on the real control plane, restart it on the same job store: no job lost or duplicated (about 1 min).
 	$(GO) test -count=1 -timeout 10m -v ./test/restart/...
@@ -105,6 +109,7 @@ demo: tools ## Start a local control plane, the operator, a scheduler and the si
 .PHONY: bench
 bench: ## Run the Go benchmarks (benchstat-compatible output in docs/benchmarks.raw.txt).
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/... | tee docs/benchmarks.raw.txt
+	$(GO) test -run '^$$' -bench Goodput -benchtime 1x -count 1 -timeout 30m ./test/goodput/ | tee -a docs/benchmarks.raw.txt
 
 $(CONTROLLER_GEN):
 	hack/bin-tools.sh controller-gen

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -187,4 +188,20 @@ func parseBodyUsage(b []byte) limiter.Usage {
 		return limiter.Usage{}
 	}
 	return v.Usage.usage()
+}
+
+// readQuota counts a provider response (upstream_responses_total by model
+// and status) and reads its rate-limit headers in the pool's dialect
+// (ProviderPool spec.upstream.dialect, via the model's throttle: Auto reads
+// every dialect, most restrictive wins). Values ignored as malformed are
+// counted in upstream_headers_malformed_total; the model's token limit is
+// noted for the too-large check (BC-10).
+func (g *Gateway) readQuota(now time.Time, m *registry.Model, resp *http.Response) throttle.Quota {
+	g.metrics.UpstreamResponses.WithLabelValues(m.Name, strconv.Itoa(resp.StatusCode)).Inc()
+	q := m.Throttle.ParseHeaders(resp.Header, now)
+	if q.Malformed > 0 {
+		g.metrics.UpstreamHeadersMalformed.WithLabelValues(m.Name).Add(float64(q.Malformed))
+	}
+	m.ObserveTokenLimit(q.Tokens.Limit)
+	return q
 }

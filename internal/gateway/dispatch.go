@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -427,9 +426,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		return
 	}
 	defer resp.Body.Close()
-	g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, strconv.Itoa(resp.StatusCode)).Inc()
-	q := throttle.ParseHeaders(resp.Header, now)
-	c.model.ObserveTokenLimit(q.Tokens.Limit)
+	q := g.readQuota(now, c.model, resp)
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
 		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		if lim, ok := upstreamTooLarge(resp.StatusCode, q, eb); ok {

@@ -99,9 +99,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		return
 	}
 	defer resp.Body.Close()
-	g.metrics.UpstreamResponses.WithLabelValues(m.Name, strconv.Itoa(resp.StatusCode)).Inc()
-	q := throttle.ParseHeaders(resp.Header, now)
-	m.ObserveTokenLimit(q.Tokens.Limit)
+	q := g.readQuota(now, m, resp)
 
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
 		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

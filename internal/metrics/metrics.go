@@ -64,6 +64,9 @@ type Metrics struct {
 	// QueueWait observes the time a batch job waited before its first
 	// upstream call, in seconds (no tenant label).
 	QueueWait prometheus.Histogram
+	// UpstreamHeadersMalformed counts provider rate-limit header values
+	// ignored as malformed (throttle.Quota.Malformed), by model.
+	UpstreamHeadersMalformed *prometheus.CounterVec
 }
 
 // New builds the metrics and registers them, with a scrape-time collector
@@ -112,9 +115,14 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			Help:    "Time a batch job waited in the fair queue before its first upstream call, in seconds.",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600},
 		}),
+		UpstreamHeadersMalformed: prometheus.NewCounterVec(opts("upstream_headers_malformed_total",
+			"Provider rate-limit header values (or structured-field members) ignored as malformed, by model: "+
+				"negative, NaN, out of range or unparsable; the throttle falls back to its other figures or defaults."),
+			[]string{"model"}),
 	}
 	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
-		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait)
+		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
+		m.UpstreamHeadersMalformed)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -21,11 +22,23 @@ const shutdownGrace = 10 * time.Second
 // name), listens, writes one line "providersim listening on http://HOST:PORT"
 // to out once the listener is bound (so --addr 127.0.0.1:0 is usable by
 // tests), and serves until ctx is done, then shuts down gracefully (up to
-// 10 s for in-flight responses). Flags: --addr, --tokens-per-minute,
-// --requests-per-minute, --latency, --output-tokens, --frame-interval,
-// --dialect. It returns flag, configuration, listen and serve errors;
-// flag.ErrHelp for -h.
+// 10 s for in-flight responses). Flags (each sets the Config field of the
+// same meaning): --addr, --tokens-per-minute, --requests-per-minute,
+// --latency, --output-tokens, --frame-interval, --dialect (Dialect),
+// --window (Window), --sub-window (SubWindow), --classic-reset
+// (ClassicResetForm), --anthropic-remaining-step (AnthropicRemainingStep),
+// --retry-after-http-date (RetryAfterHTTPDate). It returns flag,
+// configuration, listen and serve errors; flag.ErrHelp for -h.
 func Main(ctx context.Context, args []string, out io.Writer) error {
+	cfg, addr, err := parseFlags(args, out)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, addr, out)
+}
+
+// parseFlags maps Main's flags to a validated Config and the listen address.
+func parseFlags(args []string, out io.Writer) (Config, string, error) {
 	fs := flag.NewFlagSet("providersim", flag.ContinueOnError)
 	fs.SetOutput(out)
 	var cfg Config
@@ -35,17 +48,24 @@ func Main(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.Latency, "latency", 0, "delay before the first byte of a response")
 	fs.Int64Var(&cfg.OutputTokens, "output-tokens", DefaultOutputTokens, "tokens generated per response (capped by max_completion_tokens / max_tokens)")
 	fs.DurationVar(&cfg.FrameInterval, "frame-interval", 0, "delay between streamed frames")
-	fs.StringVar(&cfg.Dialect, "dialect", DialectOpenAI, "rate-limit header dialect (openai)")
+	fs.StringVar(&cfg.Dialect, "dialect", DialectOpenAI, "rate-limit header dialect: "+strings.Join(Dialects, ", "))
+	fs.DurationVar(&cfg.Window, "window", 0, "fixed window of the classic, ietf and ietf-legacy dialects, whole seconds <= 60s (0 = 60s)")
+	fs.DurationVar(&cfg.SubWindow, "sub-window", 0, "azure: also enforce the per-minute limits per sub-window of this length, e.g. 10s or 1s (0 = off)")
+	fs.StringVar(&cfg.ClassicResetForm, "classic-reset", ClassicResetDelta, "classic X-RateLimit-Reset form: delta, epoch or epochms")
+	fs.Int64Var(&cfg.AnthropicRemainingStep, "anthropic-remaining-step", DefaultAnthropicRemainingStep, "anthropic: tokens remaining rounded down to a multiple of this (1 = exact)")
+	fs.BoolVar(&cfg.RetryAfterHTTPDate, "retry-after-http-date", false, "send Retry-After on 429 as an HTTP-date instead of delay-seconds (not azure)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("providersim: unexpected arguments %q", fs.Args())
+		return cfg, "", fmt.Errorf("providersim: unexpected arguments %q", fs.Args())
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *addr)
+	return cfg, *addr, cfg.Validate()
+}
+
+// serve listens on addr and serves a Server of cfg until ctx is done.
+func serve(ctx context.Context, cfg Config, addr string, out io.Writer) error {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}

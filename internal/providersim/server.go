@@ -9,8 +9,15 @@
 // prompt + max output tokens (OpenAI reserves max_tokens up front); if either
 // bucket is short the request is answered 429 and charged nothing. After the
 // response is generated the unused part of the output reservation is refunded.
-// Every chat completion response carries OpenAI's x-ratelimit-* headers
-// describing both buckets (see /work/shared/provider-headers.md, OpenAI).
+// Every chat completion response carries the rate-limit headers of the
+// configured dialect (Config.Dialect; the provider header reference,
+// provider-headers.md, describes each): OpenAI, Anthropic, Azure OpenAI,
+// classic X-RateLimit-* or the IETF draft-ietf-httpapi-ratelimit-headers
+// fields (structured draft-10/11 or the older draft-03..06 form). The
+// classic and IETF dialects enforce fixed windows (Config.Window) instead of
+// buckets, as the servers that speak them do; Azure additionally enforces
+// the per-minute quota over short sub-windows (Config.SubWindow). See
+// dialects.go for the exact header and 429 forms.
 package providersim
 
 import (
@@ -29,13 +36,52 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// Dialects of rate-limit headers and error bodies. Only DialectOpenAI is
-// implemented; the others are reserved names for later.
+// Dialects of rate-limit headers and error bodies (Config.Dialect). The exact
+// forms are documented on writeQuotaHeaders and writeThrottled.
 const (
 	// DialectOpenAI emits x-ratelimit-{limit,remaining,reset}-{requests,tokens}
 	// with Go-style durations and OpenAI error bodies.
 	DialectOpenAI = "openai"
+	// DialectAnthropic emits anthropic-ratelimit-{requests,tokens}-{limit,
+	// remaining,reset} with RFC 3339 resets and tokens remaining rounded down
+	// to Config.AnthropicRemainingStep, and Anthropic error bodies.
+	DialectAnthropic = "anthropic"
+	// DialectAzure emits x-ratelimit-remaining-{requests,tokens} only (no
+	// limit, no reset), 429s with retry-after, retry-after-ms and
+	// x-ms-retry-after-ms, and enforces Config.SubWindow.
+	DialectAzure = "azure"
+	// DialectClassic emits X-RateLimit-{Limit,Remaining,Reset} for the
+	// requests quota over fixed windows, the reset in Config.ClassicResetForm.
+	DialectClassic = "classic"
+	// DialectIETF emits the structured RateLimit-Policy and RateLimit fields
+	// of draft-ietf-httpapi-ratelimit-headers-10/11 over fixed windows, and
+	// application/problem+json quota-exceeded 429 bodies.
+	DialectIETF = "ietf"
+	// DialectIETFLegacy emits the draft-03..06 RateLimit-{Limit,Remaining,
+	// Reset} and RateLimit-Policy "N;w=S" for the requests quota over fixed
+	// windows.
+	DialectIETFLegacy = "ietf-legacy"
 )
+
+// Dialects lists every Config.Dialect value ("" means DialectOpenAI).
+var Dialects = []string{DialectOpenAI, DialectAnthropic, DialectAzure, DialectClassic, DialectIETF, DialectIETFLegacy}
+
+// Forms of the classic X-RateLimit-Reset value (Config.ClassicResetForm);
+// the provider header reference: "either delta seconds (Envoy, APISIX) or an
+// epoch timestamp (GitHub-style)".
+const (
+	// ClassicResetDelta: whole seconds until the window ends, rounded up.
+	ClassicResetDelta = "delta"
+	// ClassicResetEpoch: the window end as Unix seconds, rounded up.
+	ClassicResetEpoch = "epoch"
+	// ClassicResetEpochMillis: the window end as Unix milliseconds, rounded up.
+	ClassicResetEpochMillis = "epochms"
+)
+
+// DefaultAnthropicRemainingStep is the rounding step, in tokens, of
+// Anthropic's tokens remaining (provider-headers.md, Anthropic: "remaining is
+// rounded to the nearest thousand").
+const DefaultAnthropicRemainingStep = 1000
 
 const (
 	// DefaultMaxOutputTokens is the output reservation, in tokens, for a request
@@ -71,9 +117,39 @@ type Config struct {
 	// non-streaming response is sent when its last frame would have been:
 	// Latency + (generated-1)*FrameInterval after admission.
 	FrameInterval time.Duration
-	// Dialect selects the header and error format: "" or DialectOpenAI.
-	// "anthropic", "azure", "classic" and "ietf" are reserved for later.
+	// Dialect selects the header and error format and the enforcement: one
+	// of Dialects; "" means DialectOpenAI.
 	Dialect string
+	// Window is the fixed window of the classic, ietf and ietf-legacy
+	// dialects: the per-minute limits are enforced as
+	// floor(limit*Window/60s) units per window (at least 1), windows aligned
+	// on multiples of Window. 0 means 60 s. It must be whole seconds (the
+	// IETF w parameter has no sub-second precision) and at most 60 s.
+	// Ignored by the other dialects.
+	Window time.Duration
+	// SubWindow turns on Azure's sub-window enforcement (dialect azure only;
+	// provider-headers.md, Azure: "RPM is enforced over 1 s or 10 s
+	// sub-windows, so a 429 can come while the remaining count is still
+	// positive"): besides the per-minute buckets, each limit is also enforced
+	// as floor(limit*SubWindow/60s) units (at least 1) per fixed sub-window,
+	// charged on arrival with the same estimate and never refunded (Azure
+	// checks an estimate made on arrival). The remaining headers still
+	// report the per-minute buckets. 0 = off; otherwise in [1 ms, 60 s].
+	SubWindow time.Duration
+	// ClassicResetForm is the form of X-RateLimit-Reset in the classic
+	// dialect: ClassicResetDelta (""), ClassicResetEpoch or
+	// ClassicResetEpochMillis.
+	ClassicResetForm string
+	// AnthropicRemainingStep is the step, in tokens, that the Anthropic
+	// dialect rounds the tokens remaining down to (down, never up, so the
+	// header never promises tokens that are not there). 0 means
+	// DefaultAnthropicRemainingStep; 1 reports exact values.
+	AnthropicRemainingStep int64
+	// RetryAfterHTTPDate sends Retry-After on 429s as an RFC 9110
+	// IMF-fixdate (the wait rounded up to whole seconds after now) instead of
+	// delay-seconds, in every dialect but azure (whose retry-after is seconds
+	// beside retry-after-ms).
+	RetryAfterHTTPDate bool
 	// Models lists the model ids served by GET /v1/models; chat completions
 	// accept any model. Empty means [DefaultModel].
 	Models []string
@@ -91,13 +167,75 @@ func (c Config) Validate() error {
 		return errors.New("providersim: latency and frame interval must be >= 0")
 	case c.OutputTokens < 0:
 		return errors.New("providersim: output tokens must be >= 0")
+	case c.Window < 0 || c.Window > time.Minute || c.Window%time.Second != 0:
+		return errors.New("providersim: window must be whole seconds in [1s, 60s] (0 = 60s)")
+	case c.SubWindow != 0 && (c.SubWindow < time.Millisecond || c.SubWindow > time.Minute):
+		return errors.New("providersim: sub-window must be in [1ms, 60s] (0 = off)")
+	case c.AnthropicRemainingStep < 0:
+		return errors.New("providersim: anthropic remaining step must be >= 0")
 	}
-	switch c.Dialect {
-	case "", DialectOpenAI:
-		return nil
+	switch c.ClassicResetForm {
+	case "", ClassicResetDelta, ClassicResetEpoch, ClassicResetEpochMillis:
 	default:
-		return fmt.Errorf("providersim: dialect %q is not implemented (have %q)", c.Dialect, DialectOpenAI)
+		return fmt.Errorf("providersim: classic reset form %q (want %q, %q or %q)", c.ClassicResetForm,
+			ClassicResetDelta, ClassicResetEpoch, ClassicResetEpochMillis)
 	}
+	if c.Dialect == "" {
+		return nil
+	}
+	for _, d := range Dialects {
+		if c.Dialect == d {
+			return nil
+		}
+	}
+	return fmt.Errorf("providersim: unknown dialect %q (want one of %q)", c.Dialect, Dialects)
+}
+
+// dialect is the effective dialect ("" is DialectOpenAI).
+func (c Config) dialect() string {
+	if c.Dialect == "" {
+		return DialectOpenAI
+	}
+	return c.Dialect
+}
+
+// fixedWindow is the fixed window of the dialect, 0 for the bucket dialects.
+func (c Config) fixedWindow() time.Duration {
+	switch c.dialect() {
+	case DialectClassic, DialectIETF, DialectIETFLegacy:
+		if c.Window == 0 {
+			return time.Minute
+		}
+		return c.Window
+	}
+	return 0
+}
+
+// perWindow scales a per-minute limit to a window: floor(limit*w/60s), at
+// least 1; 0 (unlimited) stays 0.
+func perWindow(limit int64, w time.Duration) int64 {
+	if limit <= 0 {
+		return 0
+	}
+	return max(1, int64(float64(limit)*w.Seconds()/60))
+}
+
+// meters builds the quota meters of cfg at now, full: the requests and
+// tokens buckets (fixed windows in the classic and IETF dialects) and, for
+// Azure with a SubWindow, the sub-window counters (unlimited otherwise).
+func meters(cfg Config, now time.Time) (requests, tokens, subRequests, subTokens bucket) {
+	if w := cfg.fixedWindow(); w > 0 {
+		requests = newWindow(perWindow(cfg.RequestsPerMinute, w), w, now)
+		tokens = newWindow(perWindow(cfg.TokensPerMinute, w), w, now)
+	} else {
+		requests = newBucket(cfg.RequestsPerMinute, now)
+		tokens = newBucket(cfg.TokensPerMinute, now)
+	}
+	if cfg.dialect() == DialectAzure && cfg.SubWindow > 0 {
+		subRequests = newWindow(perWindow(cfg.RequestsPerMinute, cfg.SubWindow), cfg.SubWindow, now)
+		subTokens = newWindow(perWindow(cfg.TokensPerMinute, cfg.SubWindow), cfg.SubWindow, now)
+	}
+	return
 }
 
 // Stats are the simulator's counters since New. Counts are requests; token
@@ -126,10 +264,13 @@ type Server struct {
 
 	mu       sync.Mutex
 	cfg      Config
-	requests bucket // requests per minute
-	tokens   bucket // tokens per minute
-	stats    Stats
-	inflight int64
+	requests bucket // requests per minute (per window in fixed-window dialects)
+	tokens   bucket // tokens per minute (per window in fixed-window dialects)
+	// subRequests and subTokens are Azure's sub-window counters (unlimited
+	// unless Config.SubWindow is set in the azure dialect).
+	subRequests, subTokens bucket
+	stats                  Stats
+	inflight               int64
 }
 
 // New returns a Server with full buckets. It panics if cfg.Validate fails
@@ -143,15 +284,17 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{clock: cfg.Clock, cfg: cfg}
 	now := s.clock.Now()
-	s.requests = newBucket(cfg.RequestsPerMinute, now)
-	s.tokens = newBucket(cfg.TokensPerMinute, now)
+	s.requests, s.tokens, s.subRequests, s.subTokens = meters(cfg, now)
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
+		s.mu.Lock()
+		dialect := s.cfg.dialect()
+		s.mu.Unlock()
+		writeError(w, dialect, http.StatusNotFound, "invalid_request_error", "unknown_url",
 			fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path))
 	})
 	return s
@@ -159,7 +302,9 @@ func New(cfg Config) *Server {
 
 // SetConfig replaces the configuration at run time, keeping the clock when
 // cfg.Clock is nil. Bucket levels carry over, clamped to the new capacity; a
-// dimension that was unlimited starts full. It returns cfg.Validate's error
+// dimension that was unlimited starts full. A change between bucket and
+// fixed-window enforcement (or of the window) starts the new meters at the
+// old level, clamped. It returns cfg.Validate's error
 // and changes nothing in that case.
 func (s *Server) SetConfig(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
@@ -171,16 +316,18 @@ func (s *Server) SetConfig(cfg Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	rebuild := func(b *bucket, limit int64) {
+	rebuild := func(b *bucket, nb bucket) {
 		b.advance(now)
-		nb := newBucket(limit, now)
 		if !b.unlimited() {
 			nb.level = math.Min(nb.level, b.level)
 		}
 		*b = nb
 	}
-	rebuild(&s.requests, cfg.RequestsPerMinute)
-	rebuild(&s.tokens, cfg.TokensPerMinute)
+	r, t, sr, st := meters(cfg, now)
+	rebuild(&s.requests, r)
+	rebuild(&s.tokens, t)
+	rebuild(&s.subRequests, sr)
+	rebuild(&s.subTokens, st)
 	s.cfg = cfg
 	return nil
 }
@@ -210,6 +357,7 @@ type chatRequest struct {
 
 // quota is a snapshot of both buckets for the rate-limit headers.
 type quota struct {
+	now                    time.Time // when the snapshot was taken
 	reqLimit, reqRemaining int64
 	reqReset               time.Duration
 	tokLimit, tokRemaining int64
@@ -219,6 +367,7 @@ type quota struct {
 // snapshot reads both buckets; callers hold s.mu and have advanced them.
 func (s *Server) snapshot() quota {
 	return quota{
+		now:      s.clock.Now(),
 		reqLimit: int64(s.requests.limit), reqRemaining: s.requests.remaining(), reqReset: s.requests.resetIn(),
 		tokLimit: int64(s.tokens.limit), tokRemaining: s.tokens.remaining(), tokReset: s.tokens.resetIn(),
 	}
@@ -242,12 +391,14 @@ func (s *Server) admit(prompt, maxOut int64) admission {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	s.requests.advance(now)
-	s.tokens.advance(now)
+	s.advance(now)
 	a := admission{cfg: s.cfg}
 	charge := float64(prompt + maxOut)
 	rw, _ := s.requests.wait(1) // capacity >= 1 whenever limited
 	tw, tokOK := s.tokens.wait(charge)
+	srw, _ := s.subRequests.wait(1)
+	stw, subOK := s.subTokens.wait(charge)
+	rw, tw, tokOK = max(rw, srw), max(tw, stw), tokOK && subOK
 	switch {
 	case !tokOK:
 		a.throttled, a.neverFits, a.dimension = true, true, "tokens"
@@ -266,10 +417,20 @@ func (s *Server) admit(prompt, maxOut int64) admission {
 	} else {
 		s.requests.take(1)
 		s.tokens.take(charge)
+		s.subRequests.take(1)
+		s.subTokens.take(charge)
 		s.stats.PromptTokens += prompt
 	}
 	a.q = s.snapshot()
 	return a
+}
+
+// advance brings every meter to now; callers hold s.mu.
+func (s *Server) advance(now time.Time) {
+	s.requests.advance(now)
+	s.tokens.advance(now)
+	s.subRequests.advance(now)
+	s.subTokens.advance(now)
 }
 
 // finish refunds the unused output reservation (maxOut - generated tokens,
@@ -300,14 +461,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	req, prompt, err := parseChat(r)
 	if err != nil {
 		s.mu.Lock()
-		now := s.clock.Now()
-		s.requests.advance(now)
-		s.tokens.advance(now)
+		s.advance(s.clock.Now())
 		q := s.snapshot()
-		dialect := s.cfg.Dialect
+		cfg := s.cfg
 		s.mu.Unlock()
-		writeQuotaHeaders(w.Header(), dialect, q)
-		s.writeError(w, http.StatusBadRequest, "invalid_request_error", "", err.Error())
+		writeQuotaHeaders(w.Header(), cfg, q)
+		writeError(w, cfg.dialect(), http.StatusBadRequest, "invalid_request_error", "", err.Error())
 		return
 	}
 	maxOut := int64(DefaultMaxOutputTokens)
@@ -319,9 +478,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	a := s.admit(prompt, maxOut)
-	writeQuotaHeaders(w.Header(), a.cfg.Dialect, a.q)
+	writeQuotaHeaders(w.Header(), a.cfg, a.q)
 	if a.throttled {
-		s.writeThrottled(w, req.Model, prompt+maxOut, a)
+		writeThrottled(w, req.Model, prompt+maxOut, a)
 		return
 	}
 
@@ -463,71 +622,6 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, 
 	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err == nil {
 		_ = rc.Flush()
 	}
-}
-
-// writeThrottled sends the 429 for a request the buckets cannot admit:
-// retry-after in whole seconds (rounded up, >= 1) until enough refills, and
-// OpenAI's error body. A request larger than the tokens capacity can never
-// fit: it gets OpenAI's "Request too large" 429 without retry-after.
-func (s *Server) writeThrottled(w http.ResponseWriter, model string, requested int64, a admission) {
-	unit := map[string]string{"requests": "RPM", "tokens": "TPM"}[a.dimension]
-	if model == "" {
-		model = "the model"
-	}
-	var msg string
-	if a.neverFits {
-		msg = fmt.Sprintf("Request too large for %s on tokens per min (TPM): Limit %d, Requested %d. "+
-			"The input or output tokens must be reduced in order to run successfully.", model, a.limit, requested)
-	} else {
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(a.wait), 10))
-		req := requested
-		if a.dimension == "requests" {
-			req = 1
-		}
-		msg = fmt.Sprintf("Rate limit reached for %s on %s per min (%s): Limit %d, Used %d, Requested %d. "+
-			"Please try again in %s.", model, a.dimension, unit, a.limit, a.used, req, a.wait.Round(time.Millisecond))
-	}
-	s.writeError(w, http.StatusTooManyRequests, a.dimension, "rate_limit_exceeded", msg)
-}
-
-// writeQuotaHeaders sets the dialect's rate-limit headers. OpenAI: limits and
-// remaining as integers (remaining floored), resets as Go durations until the
-// bucket is full, rounded to the millisecond ("6m0s", "1.5s", "250ms", "0s").
-// An unlimited dimension sends no headers.
-func writeQuotaHeaders(h http.Header, dialect string, q quota) {
-	switch dialect {
-	case "", DialectOpenAI:
-		if q.reqLimit > 0 {
-			h.Set("x-ratelimit-limit-requests", strconv.FormatInt(q.reqLimit, 10))
-			h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(q.reqRemaining, 10))
-			h.Set("x-ratelimit-reset-requests", q.reqReset.Round(time.Millisecond).String())
-		}
-		if q.tokLimit > 0 {
-			h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(q.tokLimit, 10))
-			h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(q.tokRemaining, 10))
-			h.Set("x-ratelimit-reset-tokens", q.tokReset.Round(time.Millisecond).String())
-		}
-	}
-}
-
-// apiError is OpenAI's error body: {"error":{"message","type","param","code"}}.
-type apiError struct {
-	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	} `json:"error"`
-}
-
-// writeError writes an error body in the server's dialect; code "" is null.
-func (s *Server) writeError(w http.ResponseWriter, status int, typ, code, msg string) {
-	var e apiError
-	e.Error.Message, e.Error.Type = msg, typ
-	if code != "" {
-		e.Error.Code = &code
-	}
-	writeJSON(w, status, e)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

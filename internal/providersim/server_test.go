@@ -560,8 +560,8 @@ func TestOtherRoutes(t *testing.T) {
 func TestSetConfig(t *testing.T) {
 	s, ts, _ := newTestServer(t, Config{TokensPerMinute: 6000, OutputTokens: 100})
 	post(t, context.Background(), ts.URL, chatBody(`"max_tokens":100`)) // 5892 -> 5892 after refund 0
-	if err := s.SetConfig(Config{TokensPerMinute: 6000, RequestsPerMinute: 10, Dialect: "ietf"}); err == nil {
-		t.Error("unimplemented dialect accepted")
+	if err := s.SetConfig(Config{TokensPerMinute: 6000, RequestsPerMinute: 10, Dialect: "ietf-draft-99"}); err == nil {
+		t.Error("unknown dialect accepted")
 	}
 	if err := s.SetConfig(Config{TokensPerMinute: 1000, RequestsPerMinute: 10, OutputTokens: 100}); err != nil {
 		t.Fatal(err)
@@ -580,7 +580,16 @@ func TestValidate(t *testing.T) {
 	}{
 		{Config{}, true},
 		{Config{Dialect: "openai", TokensPerMinute: 1}, true},
-		{Config{Dialect: "anthropic"}, false},
+		{Config{Dialect: "anthropic"}, true},
+		{Config{Dialect: "ietf-legacy", Window: 10 * time.Second}, true},
+		{Config{Dialect: "azure", SubWindow: time.Second}, true},
+		{Config{Dialect: "classic", ClassicResetForm: "epochms"}, true},
+		{Config{Dialect: "klingon"}, false},
+		{Config{Dialect: "classic", ClassicResetForm: "minutes"}, false},
+		{Config{Window: 1500 * time.Millisecond}, false},
+		{Config{Window: 2 * time.Minute}, false},
+		{Config{SubWindow: -time.Second}, false},
+		{Config{AnthropicRemainingStep: -1}, false},
 		{Config{TokensPerMinute: -1}, false},
 		{Config{Latency: -time.Second}, false},
 		{Config{OutputTokens: -1}, false},

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fairshare-dev/fairshare/internal/tokencount"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 func TestResetFormat(t *testing.T) {
@@ -30,7 +32,7 @@ func TestResetFormat(t *testing.T) {
 		{72 * time.Second, "1m12s"},
 	} {
 		h := http.Header{}
-		writeQuotaHeaders(h, DialectOpenAI, quota{tokLimit: 1, tokReset: tc.d})
+		writeQuotaHeaders(h, Config{}, quota{tokLimit: 1, tokReset: tc.d})
 		if got := h.Get("x-ratelimit-reset-tokens"); got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.d, got, tc.want)
 		}
@@ -146,7 +148,10 @@ func TestMainServes(t *testing.T) {
 
 func TestMainFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
-		{"--dialect", "anthropic"},
+		{"--dialect", "smoke-signals"},
+		{"--dialect", "classic", "--classic-reset", "hours"},
+		{"--window", "1500ms"},
+		{"--sub-window", "2m"},
 		{"--latency", "soon"},
 		{"extra"},
 		{"--tokens-per-minute", "-5"},
@@ -157,5 +162,23 @@ func TestMainFlagErrors(t *testing.T) {
 	}
 	if err := Main(context.Background(), []string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v", err)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	cfg, addr, err := parseFlags([]string{"--addr", "127.0.0.1:0", "--dialect", "classic", "--window", "10s",
+		"--classic-reset", "epochms", "--requests-per-minute", "600", "--retry-after-http-date"}, io.Discard)
+	want := Config{Dialect: DialectClassic, Window: 10 * time.Second, ClassicResetForm: ClassicResetEpochMillis,
+		RequestsPerMinute: 600, RetryAfterHTTPDate: true, OutputTokens: DefaultOutputTokens, AnthropicRemainingStep: DefaultAnthropicRemainingStep}
+	if err != nil || addr != "127.0.0.1:0" || !cmp.Equal(cfg, want, cmpopts.IgnoreFields(Config{}, "Clock")) {
+		t.Errorf("classic: %v %q %s", err, addr, cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "Clock")))
+	}
+	cfg, _, err = parseFlags([]string{"--dialect", "azure", "--sub-window", "1s", "--tokens-per-minute", "6000"}, io.Discard)
+	if err != nil || cfg.Dialect != DialectAzure || cfg.SubWindow != time.Second || cfg.TokensPerMinute != 6000 {
+		t.Errorf("azure: %v %+v", err, cfg)
+	}
+	cfg, _, err = parseFlags([]string{"--dialect", "anthropic", "--anthropic-remaining-step", "1"}, io.Discard)
+	if err != nil || cfg.Dialect != DialectAnthropic || cfg.AnthropicRemainingStep != 1 {
+		t.Errorf("anthropic: %v %+v", err, cfg)
 	}
 }

@@ -439,6 +439,7 @@ func throttleConfig(p *PoolPolicy, m ModelPolicy) throttle.Config {
 		DefaultBackoff:        throttleBackoff,
 		JitterWindow:          throttleJitter,
 		BorrowAfter:           p.BorrowAfter,
+		Dialect:               p.Dialect,
 	}
 }
 

@@ -11,6 +11,9 @@
 //     (RateLimit / RateLimit-Policy, draft-10/11) and the older
 //     RateLimit-{Limit,Remaining,Reset} form (draft-03..06) — and keeps the
 //     most restrictive figure per dimension (provider tokens, requests).
+//     ParseHeadersDialect (and Throttle.ParseHeaders with Config.Dialect)
+//     restricts parsing to the ProviderPool's dialect hint, so that headers a
+//     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
 //     ParseRetryAfter reads retry-after-ms, x-ms-retry-after-ms and
 //     Retry-After (delay-seconds or any RFC 9110 HTTP-date form). Malformed,
 //     negative, NaN or out-of-range values are ignored and counted, never
@@ -21,7 +24,10 @@
 //     since, estimates the remaining quota in between (continuous token-bucket
 //     replenishment for OpenAI, Azure and Anthropic; a fixed window for the
 //     classic and IETF fields), keeps a reserve of the limit for interactive
-//     traffic that batch work may not use, pauses every start after a 429
+//     traffic that batch work may not use, caps the starts of a fixed
+//     window at its limit whatever order the figures arrive in, paces
+//     starts evenly once a 429 comes while the figures said the call fitted
+//     (Azure's sub-windows), pauses every start after a 429
 //     until the provider's Retry-After or reset, and spreads the callers
 //     released after a pause over a jitter window so they do not return as
 //     a herd. Without provider figures it paces from the configured

@@ -424,6 +424,50 @@ func (p *parser) triplet(keys [3]string, dialect string) (d Dimension, present b
 //     others are ignored. The draft-03..06 RateLimit-{Limit,Remaining,Reset}
 //     with RateLimit-Policy "10;w=1" maps to Requests.
 func ParseHeaders(h http.Header, now time.Time) Quota {
+	return parseHeaders(h, now, "")
+}
+
+// ParseHeadersDialect is ParseHeaders restricted to one dialect, the
+// ProviderPool's spec.upstream.dialect hint (api/v1alpha1 Dialect enum:
+// "Auto", "OpenAI", "Anthropic", "Azure", "Classic", "IETF"; the lower-case
+// Dialect* names of this package are accepted too, case-insensitively).
+// With a dialect set, the rate-limit headers of every other dialect are
+// ignored — a proxy in front of the provider may add classic
+// X-RateLimit-* headers of its own that describe the proxy, not the
+// provider's quota — and are not counted as malformed. Retry-After,
+// retry-after-ms and x-ms-retry-after-ms are read in every dialect (RFC 9110
+// section 10.2.3; provider-headers reference). Per dialect:
+//
+//   - OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}, figures
+//     reported as "openai" (continuous replenishment);
+//   - Azure: the same x-ratelimit-*-{requests,tokens} names, reported as
+//     "azure";
+//   - Anthropic: anthropic-ratelimit-* only;
+//   - Classic: X-RateLimit-{Limit,Remaining,Reset} only;
+//   - IETF: RateLimit / RateLimit-Policy (draft-10/11) and
+//     RateLimit-{Limit,Remaining,Reset} (draft-03..06) only.
+//
+// "", "Auto" and any unknown name behave as ParseHeaders (every dialect,
+// most restrictive figure wins).
+func ParseHeadersDialect(h http.Header, now time.Time, dialect string) Quota {
+	return parseHeaders(h, now, NormalizeDialect(dialect))
+}
+
+// NormalizeDialect maps a dialect hint to this package's Dialect* name:
+// "OpenAI"/"openai" to DialectOpenAI, and so on for Anthropic, Azure, Classic
+// and IETF (case-insensitive); "", "Auto" and unknown names to "" (every
+// dialect).
+func NormalizeDialect(dialect string) string {
+	for _, d := range [...]string{DialectOpenAI, DialectAnthropic, DialectAzure, DialectClassic, DialectIETF} {
+		if strings.EqualFold(dialect, d) {
+			return d
+		}
+	}
+	return ""
+}
+
+// parseHeaders reads the dialect only ("" = every dialect).
+func parseHeaders(h http.Header, now time.Time, only string) Quota {
 	p := parser{h: h, now: now, best: [2]Dimension{unknownDimension(), unknownDimension()}}
 	q := Quota{}
 	var msRetry bool
@@ -435,19 +479,51 @@ func ParseHeaders(h http.Header, now time.Time) Quota {
 	}
 
 	// OpenAI / Azure.
-	for dim := 0; dim < 2; dim++ {
+	for dim := 0; dim < 2 && (only == "" || only == DialectOpenAI || only == DialectAzure); dim++ {
 		d, present := p.triplet(hOpenAI[dim], DialectOpenAI)
 		if !present {
 			continue
 		}
 		resetRaw, hasReset := header(h, hOpenAI[dim][2])
-		if msRetry || (d.Remaining >= 0 && !hasReset) || (hasReset && isDecimalNumber(trimOWS(resetRaw))) {
+		switch {
+		case only != "":
+			d.Dialect = only
+		case msRetry || (d.Remaining >= 0 && !hasReset) || (hasReset && isDecimalNumber(trimOWS(resetRaw))):
 			d.Dialect = DialectAzure
 		}
 		p.offer(dim, d)
 	}
 
-	// Anthropic.
+	if only == "" || only == DialectAnthropic {
+		p.parseAnthropic()
+	}
+
+	// Classic.
+	if only == "" || only == DialectClassic {
+		if d, present := p.triplet([3]string{hClassicLimit, hClassicRemain, hClassicReset}, DialectClassic); present {
+			p.offer(dimRequests, d)
+		}
+	}
+
+	// IETF.
+	if only == "" || only == DialectIETF {
+		p.parseIETF()
+	}
+
+	q.Tokens, q.Requests, q.Malformed = p.best[dimTokens], p.best[dimRequests], p.malformed
+	switch {
+	case q.Tokens.Dialect != "":
+		q.Dialect = q.Tokens.Dialect
+	case q.Requests.Dialect != "":
+		q.Dialect = q.Requests.Dialect
+	case msRetry && (only == "" || only == DialectAzure):
+		q.Dialect = DialectAzure
+	}
+	return q
+}
+
+// parseAnthropic reads the anthropic-ratelimit-* triplets.
+func (p *parser) parseAnthropic() {
 	if d, present := p.triplet(hAnthropic[dimRequests], DialectAnthropic); present {
 		p.offer(dimRequests, d)
 	}
@@ -473,25 +549,6 @@ func ParseHeaders(h http.Header, now time.Time) Quota {
 	if out.Remaining == 0 {
 		p.offer(dimTokens, out)
 	}
-
-	// Classic.
-	if d, present := p.triplet([3]string{hClassicLimit, hClassicRemain, hClassicReset}, DialectClassic); present {
-		p.offer(dimRequests, d)
-	}
-
-	// IETF.
-	p.parseIETF()
-
-	q.Tokens, q.Requests, q.Malformed = p.best[dimTokens], p.best[dimRequests], p.malformed
-	switch {
-	case q.Tokens.Dialect != "":
-		q.Dialect = q.Tokens.Dialect
-	case q.Requests.Dialect != "":
-		q.Dialect = q.Requests.Dialect
-	case msRetry:
-		q.Dialect = DialectAzure
-	}
-	return q
 }
 
 // ietfPolicy is one RateLimit-Policy member.
@@ -520,20 +577,23 @@ func (p *parser) parseIETF() {
 	var buf [8]ietfPolicy
 	policies := buf[:0]
 	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
+	var sm sfMember
+	m := &sm
 	for _, line := range p.h[hIETFPolicy] {
-		p.malformed += forEachSFMember(line, func(m *sfMember) {
+		it := sfList{s: line}
+		for it.next(m) {
 			switch m.item.kind {
 			case sfString, sfToken:
 				qv, ok := m.param("q")
 				if !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue {
 					p.malformed++
-					return
+					continue
 				}
 				unit := ""
 				if u, ok := m.param("qu"); ok {
 					if u.kind != sfString && u.kind != sfToken {
 						p.malformed++
-						return
+						continue
 					}
 					unit = u.s
 				}
@@ -541,7 +601,7 @@ func (p *parser) parseIETF() {
 			case sfInteger:
 				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
 					p.malformed++
-					return
+					continue
 				}
 				if oldLimit < 0 || m.item.i < oldLimit {
 					oldLimit = m.item.i
@@ -549,18 +609,20 @@ func (p *parser) parseIETF() {
 			default:
 				p.malformed++
 			}
-		})
+		}
+		p.malformed += it.malformed
 	}
 	for _, line := range p.h[hIETFRateLimit] {
-		p.malformed += forEachSFMember(line, func(m *sfMember) {
+		it := sfList{s: line}
+		for it.next(m) {
 			if m.item.kind != sfString && m.item.kind != sfToken {
 				p.malformed++
-				return
+				continue
 			}
 			rv, ok := m.param("r")
 			if !ok || rv.kind != sfInteger || rv.i < 0 || rv.i > MaxQuotaValue {
 				p.malformed++
-				return
+				continue
 			}
 			d := Dimension{Limit: -1, Remaining: rv.i, Reset: -1, Dialect: DialectIETF}
 			if tv, ok := m.param("t"); ok {
@@ -581,7 +643,8 @@ func (p *parser) parseIETF() {
 			if dim >= 0 {
 				p.offer(dim, d)
 			}
-		})
+		}
+		p.malformed += it.malformed
 	}
 	for _, pol := range policies {
 		if !pol.used && pol.dim >= 0 {

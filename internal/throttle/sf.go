@@ -62,13 +62,32 @@ func (m *sfMember) param(key string) (sfValue, bool) {
 // malformed (Inner Lists count as malformed: no RateLimit field uses them).
 func forEachSFMember(s string, fn func(m *sfMember)) (malformed int) {
 	var m sfMember
-	i := 0
+	it := sfList{s: s}
+	for it.next(&m) {
+		fn(&m)
+	}
+	return it.malformed
+}
+
+// sfList iterates over the well-formed Item members of an RFC 9651 List
+// without a callback, so that the member, owned by the caller, can stay on
+// the caller's stack (no allocation per field line).
+type sfList struct {
+	s         string
+	i         int
+	malformed int // members skipped as malformed so far
+}
+
+// next parses the next well-formed member into m; false at the end.
+func (it *sfList) next(m *sfMember) bool {
+	s := it.s
 	for {
-		i = skipOWS(s, i)
+		i := skipOWS(s, it.i)
 		if i >= len(s) {
-			return malformed
+			it.i = len(s)
+			return false
 		}
-		j, ok := parseSFMember(s, i, &m)
+		j, ok := parseSFMember(s, i, m)
 		if ok {
 			j = skipOWS(s, j)
 			if j < len(s) && s[j] != ',' {
@@ -76,15 +95,16 @@ func forEachSFMember(s string, fn func(m *sfMember)) (malformed int) {
 			}
 		}
 		if !ok {
-			malformed++
-			i = skipToNextMember(s, i)
+			it.malformed++
+			it.i = skipToNextMember(s, i)
 			continue
 		}
-		fn(&m)
 		if j >= len(s) {
-			return malformed
+			it.i = len(s)
+		} else {
+			it.i = j + 1 // past the comma
 		}
-		i = j + 1 // past the comma
+		return true
 	}
 }
 

@@ -3,6 +3,7 @@ package throttle
 import (
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -45,6 +46,11 @@ const (
 	// levelEpsilon absorbs float rounding in the replenishment estimate, in
 	// tokens or requests.
 	levelEpsilon = 1e-6
+	// subWindowPace is the share of the per-minute limit paced evenly after
+	// a sub-window 429 (see Throttle.subWindow): 1% below the limit, so the
+	// jitter between a start here and its arrival at the provider cannot
+	// put one call too many into a sub-window.
+	subWindowPace = 0.99
 )
 
 // Config configures a Throttle. The zero value is usable: no reserve, no
@@ -76,6 +82,11 @@ type Config struct {
 	// Rand returns a number in [0, 1) for jitter; nil uses math/rand/v2.
 	// Called with the throttle's lock held.
 	Rand func() float64
+	// Dialect is the ProviderPool's spec.upstream.dialect hint ("Auto",
+	// "OpenAI", "Anthropic", "Azure", "Classic", "IETF", case-insensitive):
+	// Throttle.ParseHeaders reads only that dialect's rate-limit headers
+	// (see ParseHeadersDialect). "" or "Auto" reads every dialect.
+	Dialect string
 }
 
 func (c Config) normalized() Config {
@@ -201,6 +212,18 @@ type dimension struct {
 	figReset time.Duration // -1 unknown
 	figSeq   uint64        // starts with seq <= figSeq are included in the figure
 	figStep  bool          // fixed window (classic, IETF) rather than continuous
+	// winFrom is the start of the current fixed window as seen here: the
+	// reset instant of the previous window's figure, once passed (zero
+	// before the first reset). A fixed window never admits more than the
+	// limit, so the estimate is also capped at limit minus the starts since
+	// winFrom: figures of calls admitted out of start order (concurrent
+	// calls reach the provider in any order) cannot then let more than the
+	// limit start in one window.
+	winFrom time.Time
+	// tat is the earliest start allowed by the even pacing engaged after a
+	// sub-window 429 (Throttle.subWindow), in Unix ns: GCRA's theoretical
+	// arrival time.
+	tat int64
 
 	silent bool
 
@@ -317,7 +340,11 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 			resetAt = d.figAt.Add(d.figReset)
 		}
 		if now.Before(resetAt) {
-			return modeStep, lim, float64(min(d.figRem, lim) - d.pendingSum()), resetAt
+			level := float64(min(d.figRem, lim) - d.pendingSum())
+			if !d.winFrom.IsZero() && !now.Before(d.winFrom) {
+				level = math.Min(level, float64(lim-d.windowSum(now, d.winFrom)))
+			}
+			return modeStep, lim, level, resetAt
 		}
 		return modeWindow, lim, float64(lim - d.windowSum(now, resetAt)), resetAt
 	}
@@ -417,6 +444,11 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 	if seq != 0 && d.hasFig && seq < d.figSeq {
 		return // an older call's response arriving late: the newer figure stands
 	}
+	if d.hasFig && d.figStep && d.figReset >= 0 {
+		if oldReset := d.figAt.Add(d.figReset); !now.Before(oldReset) {
+			d.winFrom = oldReset
+		}
+	}
 	d.hasFig = true
 	d.figRem, d.figAt, d.figReset = q.Remaining, now, q.Reset
 	d.figStep = q.Dialect == DialectClassic || q.Dialect == DialectIETF
@@ -438,7 +470,18 @@ type Throttle struct {
 	probing         bool
 	probeAt         time.Time
 	probeSeq        uint64 // the permit of the probe in flight
-	dialect         string
+	// subWindow is set by a 429 that the figures do not explain (every
+	// known remaining covered the call): the provider enforces its
+	// per-minute quota over shorter sub-windows (Azure OpenAI: "1 s or 10 s
+	// sub-windows, so a 429 can come while the remaining count is still
+	// positive", provider header reference). From then on starts are also
+	// paced evenly, per dimension, at subWindowPace of limit per Window,
+	// without burst (GCRA with zero tolerance): a sub-window of length w
+	// then receives at most about subWindowPace x limit x w / 60 s, within
+	// the limit x w / 60 s it admits. The pacing stays on for the throttle's
+	// lifetime (Reconfigure keeps it).
+	subWindow bool
+	dialect   string
 }
 
 // New returns a throttle configured by cfg, created at now (the reference for
@@ -464,6 +507,17 @@ func (t *Throttle) Reconfigure(now time.Time, cfg Config) {
 	for i := range t.dims {
 		t.dims[i].prune(now)
 	}
+}
+
+// ParseHeaders parses a response's headers received at now in the
+// configured Config.Dialect: ParseHeadersDialect(h, now, cfg.Dialect). It is
+// the parser to use for this throttle's responses, so that the ProviderPool's
+// dialect hint applies.
+func (t *Throttle) ParseHeaders(h http.Header, now time.Time) Quota {
+	t.mu.Lock()
+	dialect := t.cfg.Dialect
+	t.mu.Unlock()
+	return ParseHeadersDialect(h, now, dialect)
 }
 
 func (t *Throttle) jitter() time.Duration {
@@ -526,6 +580,22 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 		}
 		return Permit{}, false, max(wait, minWait)
 	}
+	var intervals [2]int64
+	if t.subWindow {
+		n := now.UnixNano()
+		for i := range t.dims {
+			if lim := t.dims[i].limit(); lim > 0 {
+				iv := float64(costs[i]) * float64(Window) / (float64(lim) * subWindowPace)
+				intervals[i] = int64(math.Min(iv, float64(MaxReset)))
+				if tat := t.dims[i].tat; tat > n {
+					wait = max(wait, time.Duration(tat-n))
+				}
+			}
+		}
+		if wait > 0 {
+			return Permit{}, false, max(wait, minWait)
+		}
+	}
 	if probe {
 		if t.probing && now.Sub(t.probeAt) < probeTimeout {
 			w := probeRecheck
@@ -546,6 +616,9 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 	}
 	for i := range t.dims {
 		t.dims[i].record(t.seq, at, costs[i])
+		if intervals[i] > 0 {
+			t.dims[i].tat = max(t.dims[i].tat, now.UnixNano()) + intervals[i]
+		}
 	}
 	return Permit{seq: t.seq, tokens: providerTokens, at: at}, true, 0
 }
@@ -577,7 +650,9 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 // (0 included: eligible at once, BC-05b); else until the reset of the
 // exhausted dimension (remaining 0), the later one when both are (BC-07);
 // else for DefaultBackoff. A pause is never shortened: a later 429 only
-// extends it (BC-05d). Figures in q are recorded as by Observe; a dimension
+// extends it (BC-05d). A 429 although every known remaining covered the
+// call means the provider enforces sub-windows (Azure): from then on starts
+// are also paced evenly (see Throttle.subWindow). Figures in q are recorded as by Observe; a dimension
 // whose limit is unknown goes back to one probe call at a time after the
 // pause.
 func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
@@ -586,6 +661,12 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 	t.endProbe(p)
 	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
 		t.dialect = q.Dialect
+	}
+	// A 429 while every known remaining covered the call: sub-windows.
+	if p.seq != 0 && (q.Tokens.Remaining >= 0 || q.Requests.Remaining >= 0) &&
+		(q.Tokens.Remaining < 0 || q.Tokens.Remaining >= max(p.tokens, 1)) &&
+		(q.Requests.Remaining < 0 || q.Requests.Remaining >= 1) {
+		t.subWindow = true
 	}
 	for i, qd := range [2]Dimension{q.Tokens, q.Requests} {
 		d := &t.dims[i]
