@@ -45,6 +45,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -122,6 +123,10 @@ type Gateway struct {
 	// undelivered are the store's finished jobs at New whose webhook was
 	// still pending; Run delivers them again.
 	undelivered []jobs.Job
+	// recovered is closed once Run has re-queued the store's jobs (or
+	// returned before that).
+	recovered     chan struct{}
+	recoveredOnce sync.Once
 
 	// upstreamCalls counts calls made to the provider (tests, status).
 	upstreamCalls atomic.Int64
@@ -158,6 +163,7 @@ func New(o Options) *Gateway {
 	}
 	g.dispatch = newDispatcher(g)
 	g.hooks = newWebhookNotifier(g)
+	g.recovered = make(chan struct{})
 	if wl, ok := o.Store.(jobs.WebhookLister); ok {
 		g.undelivered = wl.UndeliveredWebhooks()
 	}
@@ -218,7 +224,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		g.notifyWebhook(j)
 	}
 	g.undelivered = nil
-	if err := g.recover(ctx); err != nil {
+	err := g.recover(ctx)
+	g.recoveredOnce.Do(func() { close(g.recovered) })
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -226,6 +234,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	return g.dispatch.run(ctx)
 }
+
+// Recovered is closed once Run has queued again the jobs a previous run
+// left in the store (after the pool and tenants are loaded), or has
+// returned before that: the scheduler's readiness waits for it, so that no
+// client traffic arrives while the recovered backlog is being rebuilt.
+func (g *Gateway) Recovered() <-chan struct{} { return g.recovered }
 
 // UpstreamCalls returns the number of calls sent to the provider so far.
 func (g *Gateway) UpstreamCalls() int64 { return g.upstreamCalls.Load() }

@@ -213,9 +213,19 @@ func TestRecoverWaitsForTenantsAndIgnoresLoweredBound(t *testing.T) {
 			t.Fatalf("job %s judged before the tenants were synced: in queue %v, status %s", id, e2.inQueue(id), e2.storeStatus(id))
 		}
 	}
+	select {
+	case <-e2.gw.Recovered():
+		t.Fatal("Recovered closed before the jobs were queued again")
+	default:
+	}
 	e2.reg.SetTenantsSynced()
 	e2.clock.Step(recoverPoll)
 	waitFor(t, "jobs queued again", func() bool { return e2.inQueue(ids[0]) && e2.inQueue(ids[1]) && e2.inQueue(ids[2]) })
+	select {
+	case <-e2.gw.Recovered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Recovered not closed after the jobs were queued again")
+	}
 	resp := e2.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
 	if body := readAll(t, resp); resp.StatusCode != 429 || !strings.Contains(string(body), codeQueueFull) {
 		t.Errorf("new job over the lowered bound: %d %s, want 429 %s", resp.StatusCode, body, codeQueueFull)

@@ -11,10 +11,10 @@
 // replica never holds the store's file lock, so it can take over when the
 // leader goes away.
 //
-// Readiness (/readyz) is true only on the leader once the job store is open
-// and the pool and its tenants are loaded: the queues and buckets live in
-// memory, so replicas run active/passive (style 2.5). /healthz is always
-// served.
+// Readiness (/readyz) is true only on the leader once the job store is open,
+// the pool and its tenants are loaded and the stored jobs are queued again:
+// the queues and buckets live in memory, so replicas run active/passive
+// (style 2.5). /healthz is always served.
 package scheduler
 
 import (
@@ -231,6 +231,9 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 			if !reg.Ready() {
 				return errors.New("pool and tenants not loaded yet")
 			}
+			if !gw.recovered() {
+				return errors.New("recovering the job store's jobs")
+			}
 			return nil
 		}); err != nil {
 			return err
@@ -255,6 +258,8 @@ type leaderGateway struct {
 	log         logr.Logger
 	// started is set once the store is open and the gateway built (readiness).
 	started atomic.Bool
+	// gw is the gateway being served, nil before and after.
+	gw atomic.Pointer[gateway.Gateway]
 }
 
 var _ manager.LeaderElectionRunnable = (*leaderGateway)(nil)
@@ -278,10 +283,29 @@ func (l *leaderGateway) Start(ctx context.Context) error {
 		opts.Store = bs
 	}
 	gw := gateway.New(opts)
+	l.gw.Store(gw)
 	l.started.Store(true)
-	defer l.started.Store(false)
+	defer func() {
+		l.started.Store(false)
+		l.gw.Store(nil)
+	}()
 	srv := &server{name: "gateway", addr: l.addr, handler: gw, leader: true, run: gw.Run, log: l.log}
 	return srv.Start(ctx)
+}
+
+// recovered reports whether the gateway being served has re-queued the
+// jobs left in its store (gateway.Gateway.Recovered).
+func (l *leaderGateway) recovered() bool {
+	gw := l.gw.Load()
+	if gw == nil {
+		return false
+	}
+	select {
+	case <-gw.Recovered():
+		return true
+	default:
+		return false
+	}
 }
 
 // openStore opens the job store, or returns (nil, nil) when ctx is
