@@ -74,11 +74,12 @@ test-envtest: tools ## Controller, status writer and CRD validation tests on a r
 	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./test/cel/...
 
 .PHONY: test-helm
-test-helm: tools ## helm lint and helm template of the chart with default and non-default values.
+test-helm: tools ## helm lint and template with default and non-default values, alert/dashboard metric names, schema, and helm install onto a local API server (about 1 min).
 	$(HELM) lint charts/fairshare
 	$(HELM) lint charts/fairshare -f hack/testdata/values-nondefault.yaml
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system >/dev/null
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system -f hack/testdata/values-nondefault.yaml >/dev/null
+	$(GO) test -count=1 -timeout 5m ./test/helm/...
 
 .PHONY: test-exercises
 test-exercises: ## Seed 002 exercises B and D on the real gateway and simulator, asserted (about 30 s).

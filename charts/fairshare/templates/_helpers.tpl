@@ -36,3 +36,11 @@ app.kubernetes.io/component: operator
 {{- define "fairshare.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* fairshare.metricsService is "true" when the operator metrics Service is rendered:
+metrics.port > 0 and metrics.service.enabled or monitoring.serviceMonitor.enabled. */}}
+{{- define "fairshare.metricsService" -}}
+{{- if and (ne (int .Values.metrics.port) 0) (or .Values.metrics.service.enabled .Values.monitoring.serviceMonitor.enabled) -}}
+true
+{{- end -}}
+{{- end -}}
