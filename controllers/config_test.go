@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,26 +56,42 @@ func readYAMLDocuments(t *testing.T, path string) []*unstructured.Unstructured {
 // dry run) against the CRDs' schema and CEL rules.
 func TestSamplesAreValid(t *testing.T) {
 	requireEnv(t)
-	ns := newNamespace(t)
-	paths, err := filepath.Glob(filepath.Join("..", "config", "samples", "quota_*.yaml"))
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no samples found (%v)", err)
-	}
-	kinds := map[string]int{}
-	for _, path := range paths {
-		for _, u := range readYAMLDocuments(t, path) {
-			if u.GetNamespace() != "" {
-				t.Errorf("%s: sample %s sets a namespace", path, u.GetName())
+	for _, tc := range []struct {
+		dir   string
+		glob  string
+		kinds map[string]int
+	}{
+		// The demo: one pool on the simulator, three tenants.
+		{filepath.Join("..", "config", "samples"), "quota_*.yaml", map[string]int{"ProviderPool": 1, "TenantQuota": 3}},
+		// A realistic SaaS: one OpenAI pool, free/pro/enterprise plans and their Secrets.
+		{filepath.Join("..", "config", "samples", "saas"), "*.yaml", map[string]int{"ProviderPool": 1, "TenantQuota": 3, "Secret": 4}},
+	} {
+		t.Run(filepath.Base(tc.dir), func(t *testing.T) {
+			ns := newNamespace(t)
+			paths, err := filepath.Glob(filepath.Join(tc.dir, tc.glob))
+			if err != nil || len(paths) == 0 {
+				t.Fatalf("no samples found (%v)", err)
 			}
-			u.SetNamespace(ns)
-			if err := k8sClient.Create(context.Background(), u, client.DryRunAll); err != nil {
-				t.Errorf("%s: %s %s is invalid: %v", path, u.GetKind(), u.GetName(), err)
+			kinds := map[string]int{}
+			for _, path := range paths {
+				if filepath.Base(path) == "kustomization.yaml" {
+					continue
+				}
+				for _, u := range readYAMLDocuments(t, path) {
+					if u.GetNamespace() != "" {
+						t.Errorf("%s: sample %s sets a namespace", path, u.GetName())
+					}
+					u.SetNamespace(ns)
+					if err := k8sClient.Create(context.Background(), u, client.DryRunAll); err != nil {
+						t.Errorf("%s: %s %s is invalid: %v", path, u.GetKind(), u.GetName(), err)
+					}
+					kinds[u.GetKind()]++
+				}
 			}
-			kinds[u.GetKind()]++
-		}
-	}
-	if kinds["ProviderPool"] != 1 || kinds["TenantQuota"] != 3 {
-		t.Errorf("samples = %v, want 1 ProviderPool and 3 TenantQuotas", kinds)
+			if !maps.Equal(kinds, tc.kinds) {
+				t.Errorf("samples = %v, want %v", kinds, tc.kinds)
+			}
+		})
 	}
 }
 
