@@ -72,6 +72,9 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	desired.Status.ObservedGeneration = pool.Generation
 
 	if err := r.reconcileStatus(ctx, pool, desired); err != nil {
+		if res, ok := retryOnConflict(ctx, err); ok && objs.applyErr == nil {
+			return res, nil
+		}
 		return ctrl.Result{}, errors.Join(objs.applyErr, err)
 	}
 	return ctrl.Result{}, objs.applyErr

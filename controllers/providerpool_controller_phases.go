@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -40,16 +41,37 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 	if err != nil {
 		return objectsResult{renderErr: err}
 	}
+	if render.Replicas(pool) > 1 && render.VolumeJobStore(pool) && pool.Spec.Scheduler.JobStore.AccessMode != v1alpha1.JobStoreReadWriteMany {
+		// Only a pool stored before the CEL rule existed can get here.
+		r.recorder.Event(pool, corev1.EventTypeWarning, v1alpha1.ReasonJobStoreNotShared,
+			"spec.scheduler.replicas > 1 with a ReadWriteOnce job store claim: a standby on another node cannot mount it; "+
+				"set spec.scheduler.jobStore.type Memory, then Volume with accessMode ReadWriteMany")
+	}
+	var claimErr error // a refused resize of an existing claim: reported, not blocking
 	for _, obj := range objs.List() {
+		existing := false
 		if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
-			if obj, err = r.claimToApply(ctx, claim); err != nil {
+			if obj, existing, err = r.claimToApply(ctx, claim); err != nil {
+				if errors.Is(err, errClaimTerminating) {
+					// Applied again once it is gone (its deletion is an
+					// owned-object event); the rest still reaches the cluster.
+					claimErr = err
+					continue
+				}
 				return objectsResult{applyErr: err}
 			}
 		}
 		if err := r.client.Patch(ctx, obj, client.Apply,
 			client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership); err != nil {
-			return objectsResult{applyErr: fmt.Errorf("applying %s %s: %w",
-				obj.GetObjectKind().GroupVersionKind().Kind, client.ObjectKeyFromObject(obj), err)}
+			err = fmt.Errorf("applying %s %s: %w",
+				obj.GetObjectKind().GroupVersionKind().Kind, client.ObjectKeyFromObject(obj), err)
+			if existing {
+				// The claim exists at its current size: the Deployment can
+				// still mount it, so later spec changes keep reaching it.
+				claimErr = err
+				continue
+			}
+			return objectsResult{applyErr: err}
 		}
 	}
 	if objs.JobStoreClaim == nil {
@@ -57,8 +79,11 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 			return objectsResult{applyErr: err}
 		}
 	}
-	return objectsResult{deployment: objs.Deployment}
+	return objectsResult{deployment: objs.Deployment, applyErr: claimErr}
 }
+
+// errClaimTerminating: the pool's job store claim is being deleted.
+var errClaimTerminating = errors.New("the job store claim is being deleted")
 
 // claimToApply returns the job store claim to apply. A new claim is applied
 // as rendered. For an existing one, only spec.resources.requests.storage may
@@ -70,13 +95,19 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 // binding triggers a new reconcile (the operator watches its claims). The
 // storage class must allow volume expansion, or the apply is refused and
 // reported in the pool's Ready condition.
-func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, bool, error) {
 	cur := &corev1.PersistentVolumeClaim{}
 	if err := r.client.Get(ctx, client.ObjectKeyFromObject(desired), cur); err != nil {
 		if apierrors.IsNotFound(err) {
-			return desired, nil
+			return desired, false, nil
 		}
-		return nil, fmt.Errorf("getting PersistentVolumeClaim %s: %w", client.ObjectKeyFromObject(desired), err)
+		return nil, false, fmt.Errorf("getting PersistentVolumeClaim %s: %w", client.ObjectKeyFromObject(desired), err)
+	}
+	if !cur.DeletionTimestamp.IsZero() {
+		// Deleted by a switch to Memory (or by hand) and held by its
+		// pvc-protection finalizer: applying now would keep the old claim's
+		// access modes and class instead of creating the one asked for.
+		return nil, false, fmt.Errorf("%w: PersistentVolumeClaim %s; it is created again once it is gone", errClaimTerminating, client.ObjectKeyFromObject(cur))
 	}
 	out := desired.DeepCopy()
 	out.Spec.AccessModes = cur.Spec.AccessModes
@@ -86,7 +117,7 @@ func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *core
 	if cur.Status.Phase != corev1.ClaimBound || want.Cmp(have) <= 0 {
 		out.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: have}
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // deleteJobStoreClaim deletes the pool's job store claim, if any, when the

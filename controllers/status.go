@@ -6,11 +6,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -87,5 +89,28 @@ func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, o
 	u.SetName(obj.GetName())
 	u.SetNamespace(obj.GetNamespace())
 	u.SetUID(obj.GetUID())
+	// The conditions' lastTransitionTimes were computed from obj as read
+	// (usually from the informer cache): refuse the write (409 Conflict,
+	// retried) when the object changed since, so a stale read never
+	// re-stamps a condition the server already holds.
+	u.SetResourceVersion(obj.GetResourceVersion())
 	return c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership)
+}
+
+// conflictRetry is how long a reconcile whose status write met a newer
+// object (409 Conflict, see applyStatus) waits before it runs again, on a
+// cache that has caught up by then.
+const conflictRetry = 250 * time.Millisecond
+
+// retryOnConflict turns a status write refused with 409 Conflict (the
+// object changed after it was read, usually by the scheduler's own status
+// writer or an informer cache behind the server) into a quiet requeue after
+// conflictRetry: status writes do not trigger the reconcilers, so the
+// retry must be asked for. ok is false for any other error.
+func retryOnConflict(ctx context.Context, err error) (ctrl.Result, bool) {
+	if !apierrors.IsConflict(err) {
+		return ctrl.Result{}, false
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("Status write met a newer object; retrying", "after", conflictRetry)
+	return ctrl.Result{RequeueAfter: conflictRetry}, true
 }

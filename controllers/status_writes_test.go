@@ -32,6 +32,29 @@ func TestBC42_NoStatusWriteOnceConverged(t *testing.T) {
 	create(t, tq)
 	eventually(t, "tenant Ready", wantCondition(tq, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonPoolReady))
 
+	// Quiescent: the manager's cache holds the objects as the server does
+	// and the writes that made them Ready have returned (the counter counts
+	// a write once its Patch returned without error; a reconcile that read
+	// a stale cache gets 409 and writes nothing).
+	eventually(t, "cache caught up", func() error {
+		for _, o := range []client.Object{&v1alpha1.ProviderPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "steady"}},
+			&v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "steady-tenant"}}} {
+			cached := o.DeepCopyObject().(client.Object)
+			if err := counter.Get(ctx, client.ObjectKeyFromObject(o), cached); err != nil {
+				return err
+			}
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+				return err
+			}
+			if cached.GetResourceVersion() != o.GetResourceVersion() {
+				return fmt.Errorf("%s: cache at %s, server at %s", o.GetName(), cached.GetResourceVersion(), o.GetResourceVersion())
+			}
+		}
+		if counter.StatusApplies("ProviderPool", ns, "steady") < 2 || counter.StatusApplies("TenantQuota", ns, "steady-tenant") < 1 {
+			return fmt.Errorf("status writes not returned yet")
+		}
+		return nil
+	})
 	// Converging took a handful of status writes, not one per reconcile.
 	poolWrites := counter.StatusApplies("ProviderPool", ns, "steady")
 	tenantWrites := counter.StatusApplies("TenantQuota", ns, "steady-tenant")

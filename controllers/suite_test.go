@@ -195,11 +195,18 @@ type countingStatusWriter struct {
 	c *countingClient
 }
 
+// Patch counts successful status applies only: one refused by the
+// resourceVersion precondition (409, a reconcile that read a stale cache)
+// writes nothing.
 func (w *countingStatusWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	w.c.mu.Lock()
-	w.c.statusApplies[countKey(obj)]++
-	w.c.mu.Unlock()
-	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	key := countKey(obj)
+	err := w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	if err == nil {
+		w.c.mu.Lock()
+		w.c.statusApplies[key]++
+		w.c.mu.Unlock()
+	}
+	return err
 }
 
 func (w *countingStatusWriter) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {

@@ -84,7 +84,13 @@ func (r *TenantQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	setTenantReadyCondition(desired, pool, now)
 	desired.Status.ObservedGeneration = tq.Generation
 
-	return ctrl.Result{}, r.reconcileStatus(ctx, tq, desired)
+	if err := r.reconcileStatus(ctx, tq, desired); err != nil {
+		if res, ok := retryOnConflict(ctx, err); ok {
+			return res, nil
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
 }
 
 // lookupPool returns the tenant's ProviderPool, or nil when it does not exist.

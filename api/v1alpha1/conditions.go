@@ -34,6 +34,12 @@ const (
 	ReasonSchedulerAvailable = "SchedulerAvailable"
 	// ReasonSchedulerProgressing: the scheduler Deployment is not yet available.
 	ReasonSchedulerProgressing = "SchedulerProgressing"
+	// ReasonJobStoreNotShared (Warning event on the pool): replicas > 1 with a
+	// ReadWriteOnce job store claim, as a pool stored before jobStore existed
+	// gets by default; a standby on another node cannot mount the claim, so
+	// failover may not happen. Switch the store to Memory, then to Volume with
+	// accessMode ReadWriteMany (docs/operations.md, "The job store").
+	ReasonJobStoreNotShared = "JobStoreNotShared"
 	// ReasonPoolReady: the tenant's pool is Ready.
 	ReasonPoolReady = "PoolReady"
 	// ReasonPoolNotReady: the tenant's pool is not Ready.

@@ -214,9 +214,8 @@ const (
 // Volume the operator creates a PersistentVolumeClaim "<pool>-scheduler",
 // owned by the pool (deleting the pool deletes the claim and its jobs), and
 // the scheduler opens the store only once it is the elected leader.
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.storageClassName) || (has(self.storageClassName) && self.storageClassName == oldSelf.storageClassName)",message="spec.scheduler.jobStore.storageClassName is immutable once set"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.accessMode) || (has(self.accessMode) && self.accessMode == oldSelf.accessMode)",message="spec.scheduler.jobStore.accessMode is immutable once set"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.size) || !has(self.size) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",message="spec.scheduler.jobStore.size may not shrink (a PersistentVolumeClaim can only grow)"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.storageClassName) || (has(oldSelf.type) && oldSelf.type == 'Memory') || (has(self.storageClassName) && self.storageClassName == oldSelf.storageClassName)",message="spec.scheduler.jobStore.storageClassName is immutable once set (while the type is Volume)"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.accessMode) || (has(oldSelf.type) && oldSelf.type == 'Memory') || (has(self.accessMode) && self.accessMode == oldSelf.accessMode)",message="spec.scheduler.jobStore.accessMode is immutable once set (while the type is Volume)"
 type JobStoreSpec struct {
 	// type is Volume (the default: jobs are kept on a PersistentVolumeClaim
 	// and survive restarts) or Memory (jobs are lost when the scheduler
@@ -232,7 +231,8 @@ type JobStoreSpec struct {
 	// jobs plus the retained finished ones (100,000 by default); 100,000
 	// jobs with 2 KiB bodies and 2 KiB responses take about 0.9 GB. Size
 	// the volume at twice the estimate. May grow (when the storage class
-	// allows volume expansion), never shrink.
+	// allows volume expansion); a size below the claim's is ignored (a
+	// claim never shrinks), so a refused growth can be set back.
 	// +optional
 	// +kubebuilder:default="1Gi"
 	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="spec.scheduler.jobStore.size must be a positive quantity"

@@ -218,12 +218,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 	// Deliveries in progress stop with Run; their jobs keep the webhook
 	// status "pending".
 	defer g.hooks.stop()
-	// Webhooks cut off by the last stop are delivered again, from their
-	// first attempt (at-least-once, like the jobs).
-	for _, j := range g.undelivered {
-		g.notifyWebhook(j)
-	}
-	g.undelivered = nil
 	err := g.recover(ctx)
 	g.recoveredOnce.Do(func() { close(g.recovered) })
 	if err != nil {
@@ -232,6 +226,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// Webhooks cut off by the last stop are delivered again, from their
+	// first attempt (at-least-once, like the jobs), once recover has seen
+	// the registry loaded: a delivery needs its tenant's signing secret.
+	for _, j := range g.undelivered {
+		g.notifyWebhook(j)
+	}
+	g.undelivered = nil
 	return g.dispatch.run(ctx)
 }
 

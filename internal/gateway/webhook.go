@@ -20,7 +20,6 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/fairshare-dev/fairshare/internal/jobs"
-	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
 // Completion webhook delivery (issue 4 "optional completion webhook with
@@ -307,13 +306,18 @@ func signWebhook(h http.Header, key []byte, id string, now time.Time, body []byt
 // later (network errors, timeouts, 408, 429 and 5xx; other statuses,
 // redirects included, are permanent).
 func (n *webhookNotifier) post(id, tenant, target string, body []byte, attempt int) (retry bool, err error) {
-	var signing *registry.WebhookSigning
-	if t := n.g.reg.Tenant(tenant); t != nil {
-		signing = t.Policy().WebhookSigning
+	t := n.g.reg.Tenant(tenant)
+	if t == nil {
+		// Whether the tenant signed its webhooks is unknown: never send
+		// a body that may have to be signed unsigned.
+		return false, fmt.Errorf("%w: tenant %q is not loaded (TenantQuota removed)", errWebhookSigning, tenant)
 	}
+	signing := t.Policy().WebhookSigning
 	if signing != nil && signing.Invalid != "" {
-		// Signing was asked for: never send the body unsigned.
-		return false, fmt.Errorf("%w: %s", errWebhookSigning, signing.Invalid)
+		// Signing was asked for: never send the body unsigned. Retried
+		// (the Secret may be in the middle of a delete-and-recreate
+		// rotation), so the delivery fails only after every attempt.
+		return true, fmt.Errorf("%w: %s", errWebhookSigning, signing.Invalid)
 	}
 	select {
 	case n.posts <- struct{}{}:

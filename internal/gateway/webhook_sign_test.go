@@ -100,8 +100,9 @@ func TestWebhookSignedPerStandardWebhooks(t *testing.T) {
 }
 
 // TestWebhookUnusableSecretFailsUnsent: signing asked for with a secret that
-// cannot be used fails the delivery at once (not retried) and sends
-// nothing, rather than sending the body unsigned.
+// cannot be used is retried like a failed delivery (the Secret may be
+// mid-rotation) and fails after the last attempt, sending nothing: the body
+// never goes out unsigned.
 func TestWebhookUnusableSecretFailsUnsent(t *testing.T) {
 	bad := tenant("a", limiter.Limits{})
 	bad.WebhookSigning = &registry.WebhookSigning{Invalid: "the value is not base64"}
@@ -110,8 +111,11 @@ func TestWebhookUnusableSecretFailsUnsent(t *testing.T) {
 	t.Cleanup(func() { stopWebhooks(e.gw) })
 	h := newRawHook(t)
 	j := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+h.srv.URL+`"`))
-	if n := waitWebhook(t, e, j.ID, webhookFailed); n != 1 {
-		t.Errorf("attempts = %d, want 1 (a permanent failure)", n)
+	for k := int64(1); k < webhookMaxAttempts; k++ {
+		stepBackoff(t, e, k, webhookRetryBase<<(k-1)/2)
+	}
+	if n := waitWebhook(t, e, j.ID, webhookFailed); n != webhookMaxAttempts {
+		t.Errorf("attempts = %d, want %d", n, webhookMaxAttempts)
 	}
 	if hdrs, _ := h.deliveries(); len(hdrs) != 0 {
 		t.Errorf("%d deliveries sent, want none", len(hdrs))

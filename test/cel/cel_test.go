@@ -295,11 +295,11 @@ func TestJobStoreTransitions(t *testing.T) {
 		"set storage class when unset": {create: map[string]any{}, update: map[string]any{"storageClassName": "fast"}},
 		"change access mode": {create: map[string]any{}, update: map[string]any{"accessMode": "ReadWriteMany"},
 			wantErr: "spec.scheduler.jobStore.accessMode is immutable once set"},
-		"shrink": {create: map[string]any{"size": "2Gi"}, update: map[string]any{"size": "1500Mi"},
-			wantErr: "spec.scheduler.jobStore.size may not shrink"},
-		"grow":                  {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "2Gi"}},
-		"same size, other unit": {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "1024Mi"}},
-		"volume to memory":      {create: map[string]any{}, update: map[string]any{"type": "Memory"}},
+		"shrink is allowed":        {create: map[string]any{"size": "2Gi"}, update: map[string]any{"size": "1500Mi"}},
+		"access mode while Memory": {create: map[string]any{"type": "Memory"}, update: map[string]any{"accessMode": "ReadWriteMany", "type": "Volume"}},
+		"grow":                     {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "2Gi"}},
+		"same size, other unit":    {create: map[string]any{"size": "1Gi"}, update: map[string]any{"size": "1024Mi"}},
+		"volume to memory":         {create: map[string]any{}, update: map[string]any{"type": "Memory"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj := object(poolGVK, "js-"+strings.ToLower(strings.ReplaceAll(strings.ReplaceAll(name, " ", "-"), ",", "")), with(validPool(), "scheduler.jobStore", tc.create))
