@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -153,6 +154,15 @@ type entry struct {
 	charged int64 // cost at start, never changed (window log sums)
 	pending int64 // cost still unaccounted by a provider figure (refundable by Done)
 	cum     int64 // cumulative charged up to and including this entry
+	// floor is the smallest seq of a call still unanswered when this call
+	// started (this call's own seq when every earlier call had answered):
+	// the provider's figure for this call may lack the calls from floor on.
+	floor uint64
+	// ans is the largest seq started when this call's outcome was reported
+	// (Observe, OnTooManyRequests or Done); 0 while unanswered. A call with
+	// ans < s answered before the call s started, so the provider had
+	// processed it before it admitted s.
+	ans uint64
 }
 
 // entryLog is a growable ring buffer of entries in start order (seq and at
@@ -210,8 +220,14 @@ type dimension struct {
 	figRem   int64
 	figAt    time.Time
 	figReset time.Duration // -1 unknown
-	figSeq   uint64        // starts with seq <= figSeq are included in the figure
-	figStep  bool          // fixed window (classic, IETF) rather than continuous
+	figSeq   uint64        // the call whose response gave the figure (0: not started here)
+	// figFloor is the floor of the figure's call: the starts before it are
+	// included in the figure; those from figFloor to figSeq only when they
+	// answered before figSeq started (see covered). Concurrent calls reach
+	// the provider in any order, so a call still unanswered when figSeq
+	// started may have been admitted after it.
+	figFloor uint64
+	figStep  bool // fixed window (classic, IETF) rather than continuous
 	// winFrom is the start of the current fixed window as seen here: the
 	// reset instant of the previous window's figure, once passed (zero
 	// before the first reset). A fixed window never admits more than the
@@ -259,10 +275,43 @@ func (d *dimension) firstAfterSeq(s uint64) int {
 	return d.log.search(func(e *entry) bool { return e.seq > s })
 }
 
+// uncoveredFrom is the index in the log of the first entry the figure may
+// not include; entries before it are all covered.
+func (d *dimension) uncoveredFrom() int {
+	if d.figStep {
+		return d.firstAfterSeq(d.figSeq)
+	}
+	return d.log.search(func(e *entry) bool { return e.seq >= d.figFloor })
+}
+
+// covered reports whether the provider's figure includes the call e.
+//
+// For a continuous bucket: the figure's own call, the calls started before
+// figFloor, and those started before figSeq that answered before figSeq
+// started (the provider had processed them before it admitted figSeq). Any
+// other call, even one started earlier, may reach the provider after
+// figSeq and stays charged: with Anthropic's remaining rounded down to a
+// thousand, a figure that steps up by a thousand releases a burst of
+// concurrent calls, and the first of their figures to arrive may be that
+// of a call the provider admitted before the others.
+//
+// For a fixed window (figStep): every call started up to figSeq. A refusal
+// there waits for the window's end, so keeping the burst that opens a
+// window charged twice would cost the window; the cap at the limit minus
+// the starts since winFrom bounds the error of out-of-order figures instead.
+func (d *dimension) covered(e *entry) bool {
+	if d.figStep {
+		return e.seq <= d.figSeq
+	}
+	return e.seq < d.figFloor || e.seq == d.figSeq || (e.seq < d.figSeq && e.ans != 0 && e.ans < d.figSeq)
+}
+
 func (d *dimension) pendingSum() int64 {
 	var sum int64
-	for i := d.firstAfterSeq(d.figSeq); i < d.log.len(); i++ {
-		sum += d.log.at(i).pending
+	for i := d.uncoveredFrom(); i < d.log.len(); i++ {
+		if e := d.log.at(i); !d.covered(e) {
+			sum += e.pending
+		}
 	}
 	return sum
 }
@@ -322,8 +371,11 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 			r := d.rate(lim)
 			level = float64(min(d.figRem, lim))
 			prev := d.figAt.UnixNano()
-			for i := d.firstAfterSeq(d.figSeq); i < d.log.len(); i++ {
+			for i := d.uncoveredFrom(); i < d.log.len(); i++ {
 				e := d.log.at(i)
+				if d.covered(e) {
+					continue
+				}
 				if e.at > prev {
 					level = math.Min(float64(lim), level+r*float64(e.at-prev))
 					prev = e.at
@@ -408,13 +460,26 @@ func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
 	return verdict{wait: Window} // unreachable: an empty window holds the full limit
 }
 
-// record appends a started call (at is non-decreasing: see Throttle.lastAt).
-func (d *dimension) record(seq uint64, at time.Time, cost int64) {
+// record appends a started call (at is non-decreasing: see Throttle.lastAt)
+// with the floor of the calls unanswered at its start.
+func (d *dimension) record(seq uint64, at time.Time, cost int64, floor uint64) {
 	cum := cost
 	if n := d.log.len(); n > 0 {
 		cum += d.log.at(n - 1).cum
 	}
-	d.log.push(entry{seq: seq, at: at.UnixNano(), charged: cost, pending: cost, cum: cum})
+	d.log.push(entry{seq: seq, at: at.UnixNano(), charged: cost, pending: cost, cum: cum, floor: floor})
+}
+
+// entry returns the log entry of the call seq, nil if not (or no longer)
+// logged.
+func (d *dimension) entry(seq uint64) *entry {
+	if seq == 0 {
+		return nil
+	}
+	if i := d.firstAfterSeq(seq - 1); i < d.log.len() && d.log.at(i).seq == seq {
+		return d.log.at(i)
+	}
+	return nil
 }
 
 // prune drops entries outside the window that no figure still needs.
@@ -423,7 +488,7 @@ func (d *dimension) prune(now time.Time) {
 	fresh := d.fresh(now)
 	for d.log.len() > 0 {
 		e := d.log.at(0)
-		if e.at > from || (fresh && e.seq > d.figSeq) {
+		if e.at > from || (fresh && e.seq >= d.figFloor) {
 			break
 		}
 		d.log.popFront()
@@ -453,7 +518,10 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 	d.figRem, d.figAt, d.figReset = q.Remaining, now, q.Reset
 	d.figStep = q.Dialect == DialectClassic || q.Dialect == DialectIETF
 	if seq != 0 {
-		d.figSeq = seq
+		d.figSeq, d.figFloor = seq, seq
+		if e := d.entry(seq); e != nil {
+			d.figFloor = e.floor
+		}
 	}
 }
 
@@ -482,6 +550,10 @@ type Throttle struct {
 	// lifetime (Reconfigure keeps it).
 	subWindow bool
 	dialect   string
+	// floorSeq is the smallest seq that may still be unanswered: every
+	// call before it has answered or started more than Window ago (a call
+	// whose outcome is never reported stops holding figures back then).
+	floorSeq uint64
 }
 
 // New returns a throttle configured by cfg, created at now (the reference for
@@ -501,6 +573,14 @@ func (t *Throttle) Reconfigure(now time.Time, cfg Config) {
 	cfg = cfg.normalized()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !strings.EqualFold(cfg.Dialect, t.cfg.Dialect) {
+		// Even pacing was learnt from the old dialect's 429s (Azure
+		// sub-windows): a new dialect starts without it.
+		t.subWindow = false
+		for i := range t.dims {
+			t.dims[i].tat = 0
+		}
+	}
 	t.cfg = cfg
 	t.dims[dimTokens].hint = cfg.TokensPerMinuteHint
 	t.dims[dimRequests].hint = cfg.RequestsPerMinuteHint
@@ -610,12 +690,13 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 		at = t.lastAt
 	}
 	t.lastAt = at
+	floor := t.advanceFloor(now)
 	t.seq++
 	if probe {
 		t.probing, t.probeAt, t.probeSeq = true, now, t.seq
 	}
 	for i := range t.dims {
-		t.dims[i].record(t.seq, at, costs[i])
+		t.dims[i].record(t.seq, at, costs[i], min(floor, t.seq))
 		if intervals[i] > 0 {
 			t.dims[i].tat = max(t.dims[i].tat, now.UnixNano()) + intervals[i]
 		}
@@ -623,11 +704,41 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 	return Permit{seq: t.seq, tokens: providerTokens, at: at}, true, 0
 }
 
+// advanceFloor moves floorSeq past the calls that have answered or started
+// more than Window before now, and returns it: the floor of a call starting
+// now (see entry.floor). Amortised O(1): each entry is passed once.
+func (t *Throttle) advanceFloor(now time.Time) uint64 {
+	d := &t.dims[dimTokens]
+	old := now.Add(-Window).UnixNano()
+	i := d.log.search(func(e *entry) bool { return e.seq >= t.floorSeq })
+	for ; i < d.log.len(); i++ {
+		e := d.log.at(i)
+		if e.ans == 0 && e.at > old {
+			t.floorSeq = e.seq
+			return e.seq
+		}
+	}
+	t.floorSeq = t.seq + 1
+	return t.floorSeq
+}
+
+// answered marks the call of p as answered: from the next start on, the
+// provider's figures include it.
+func (t *Throttle) answered(p Permit) {
+	for i := range t.dims {
+		if e := t.dims[i].entry(p.seq); e != nil && e.ans == 0 {
+			e.ans = t.seq
+		}
+	}
+}
+
 // Observe records the quota figures of a response to the call of p, received
 // at now (q from ParseHeaders). Per dimension it sets limit, remaining and
 // reset; calls started after p, which the provider's figure cannot include
-// yet, stay subtracted. A dimension the response says nothing about keeps its
-// state; with no limit known it becomes 429-only (no probe needed).
+// yet, stay subtracted, and so (continuous buckets) do calls started before p
+// that were still unanswered when p started (see dimension.covered). A
+// dimension the response says nothing about keeps its state; with no limit
+// known it becomes 429-only (no probe needed).
 func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -643,6 +754,7 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 		}
 		d.prune(now)
 	}
+	t.answered(p)
 }
 
 // OnTooManyRequests records a 429 response to the call of p at now. It pauses
@@ -663,7 +775,8 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 		t.dialect = q.Dialect
 	}
 	// A 429 while every known remaining covered the call: sub-windows.
-	if p.seq != 0 && (q.Tokens.Remaining >= 0 || q.Requests.Remaining >= 0) &&
+	if p.seq != 0 && (q.Dialect == DialectAzure || (q.Dialect == "" && t.dialect == DialectAzure)) &&
+		(q.Tokens.Remaining >= 0 || q.Requests.Remaining >= 0) &&
 		(q.Tokens.Remaining < 0 || q.Tokens.Remaining >= max(p.tokens, 1)) &&
 		(q.Requests.Remaining < 0 || q.Requests.Remaining >= 1) {
 		t.subWindow = true
@@ -675,6 +788,7 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 			d.silent = false
 		}
 	}
+	t.answered(p)
 	var pause time.Duration
 	switch {
 	case q.HasRetryAfter:
@@ -716,15 +830,13 @@ func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok 
 			d.silent = true
 		}
 	}
+	defer t.answered(p)
 	if !ok {
 		return
 	}
 	d := &t.dims[dimTokens]
-	if p.seq <= d.figSeq {
-		return
-	}
-	if i := d.firstAfterSeq(p.seq - 1); i < d.log.len() && d.log.at(i).seq == p.seq {
-		d.log.at(i).pending = max(actualProviderTokens, 0)
+	if e := d.entry(p.seq); e != nil && !d.covered(e) {
+		e.pending = max(actualProviderTokens, 0)
 	}
 }
 

@@ -572,18 +572,27 @@ func TestThrottle_InFlightCallsStaySubtracted(t *testing.T) {
 	if st := th.Status(NOW); st.TokensRemaining != 6000 {
 		t.Fatalf("remaining after observing p1 = %d, want 9000-3000 = 6000", st.TokensRemaining)
 	}
+	// p4's figure: p1..p3 were all unanswered when p4 started, so the
+	// provider may have admitted them after p4: they stay subtracted.
 	th.Observe(NOW, ps[3], openai("5500", "54.5s"))
-	if st := th.Status(NOW); st.TokensRemaining != 5500 {
-		t.Fatalf("remaining after observing p4 = %d, want 5500", st.TokensRemaining)
+	if st := th.Status(NOW); st.TokensRemaining != 2500 {
+		t.Fatalf("remaining after observing p4 = %d, want 5500-3000 = 2500", st.TokensRemaining)
 	}
 	// An older call's response arriving late does not overwrite the newer figure.
 	th.Observe(NOW, ps[1], openai("8000", "52s"))
-	if st := th.Status(NOW); st.TokensRemaining != 5500 {
-		t.Fatalf("remaining after a late p2 = %d, want 5500", st.TokensRemaining)
+	th.Observe(NOW, ps[2], openai("7000", "53s"))
+	if st := th.Status(NOW); st.TokensRemaining != 2500 {
+		t.Fatalf("remaining after a late p2 = %d, want 2500", st.TokensRemaining)
 	}
 	// Continuous replenishment: 54500 missing over 54.5 s is 1000 tokens/s.
-	if st := th.Status(at(2 * time.Second)); st.TokensRemaining != 7500 {
-		t.Fatalf("remaining 2 s later = %d, want 7500", st.TokensRemaining)
+	if st := th.Status(at(2 * time.Second)); st.TokensRemaining != 4500 {
+		t.Fatalf("remaining 2 s later = %d, want 4500", st.TokensRemaining)
+	}
+	// p5 starts once all four have answered: its figure includes them all.
+	p5 := mustStart(t, th, at(2*time.Second), 1000, Batch)
+	th.Observe(at(2*time.Second), p5, openai("6500", "53.5s"))
+	if st := th.Status(at(2 * time.Second)); st.TokensRemaining != 6500 {
+		t.Fatalf("remaining after observing p5 = %d, want 6500", st.TokensRemaining)
 	}
 }
 

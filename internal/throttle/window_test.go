@@ -83,3 +83,30 @@ func TestExplained429KeepsBursts(t *testing.T) {
 		mustStart(t, th, at(2*time.Second), 100, Batch)
 	}
 }
+
+// Even pacing learnt from one dialect's sub-window 429s is dropped when the
+// pool's dialect changes (Reconfigure): the new provider starts with bursts;
+// a Reconfigure that keeps the dialect keeps the pacing.
+func TestSubWindowPacingResetByDialectChange(t *testing.T) {
+	cfg := Config{TokensPerMinuteHint: 60000, RequestsPerMinuteHint: 1200, JitterWindow: -1, Rand: fixedRand(0), Dialect: "Azure"}
+	th := New(cfg, NOW)
+	azure := func(tokens, requests int64, extra ...string) Quota {
+		return ParseHeadersDialect(hdr(append([]string{"x-ratelimit-remaining-tokens: " + itoa(tokens),
+			"x-ratelimit-remaining-requests: " + itoa(requests)}, extra...)...), NOW, "Azure")
+	}
+	th.Observe(NOW, Permit{}, azure(60000, 1200))
+	p := mustStart(t, th, NOW, 100, Batch)
+	th.OnTooManyRequests(NOW, p, azure(59900, 1199, "retry-after-ms: 1000"))
+	mustStart(t, th, at(time.Second), 100, Batch)
+	mustRefuse(t, th, at(time.Second), 100, Batch) // paced evenly
+
+	cfg.TokensPerMinuteHint = 120000 // same dialect: pacing kept
+	th.Reconfigure(at(time.Second), cfg)
+	mustRefuse(t, th, at(time.Second), 100, Batch)
+
+	cfg.Dialect = "OpenAI"
+	th.Reconfigure(at(time.Second), cfg)
+	for range 3 {
+		mustStart(t, th, at(time.Second), 100, Batch)
+	}
+}
