@@ -87,54 +87,195 @@ type Quota struct {
 
 func unknownDimension() Dimension { return Dimension{Limit: -1, Remaining: -1, Reset: -1} }
 
-// Canonical header keys, looked up directly in the http.Header map (the same
-// semantics as Header.Get, without canonicalising on every call).
-var (
-	hRetryAfter     = http.CanonicalHeaderKey("retry-after")
-	hRetryAfterMs   = http.CanonicalHeaderKey("retry-after-ms")
-	hXMsRetryAfter  = http.CanonicalHeaderKey("x-ms-retry-after-ms")
-	hClassicLimit   = http.CanonicalHeaderKey("x-ratelimit-limit")
-	hClassicRemain  = http.CanonicalHeaderKey("x-ratelimit-remaining")
-	hClassicReset   = http.CanonicalHeaderKey("x-ratelimit-reset")
-	hIETFLimit      = http.CanonicalHeaderKey("ratelimit-limit")
-	hIETFRemaining  = http.CanonicalHeaderKey("ratelimit-remaining")
-	hIETFReset      = http.CanonicalHeaderKey("ratelimit-reset")
-	hIETFRateLimit  = http.CanonicalHeaderKey("ratelimit")
-	hIETFPolicy     = http.CanonicalHeaderKey("ratelimit-policy")
-	hOpenAI         = [2][3]string{} // [dim][limit, remaining, reset]
-	hAnthropic      = [2][3]string{} // requests, tokens
-	hAnthropicInOut = [2][3]string{} // input-tokens, output-tokens
-)
-
 const (
 	dimTokens   = 0
 	dimRequests = 1
 )
 
+// Field slots: every header the parser reads has one, in the order of
+// slotKeys. Triplets are limit, remaining, reset.
+const (
+	sRetryAfter    = iota
+	sRetryAfterMs  // retry-after-ms
+	sXMsRetryAfter // x-ms-retry-after-ms
+	sOpenAI        // 6 slots: [dim*3 + limit/remaining/reset], tokens then requests
+	_
+	_
+	_
+	_
+	_
+	sAnthropic // 6 slots as sOpenAI
+	_
+	_
+	_
+	_
+	_
+	sAnthropicInOut // 6 slots: input-tokens triplet, output-tokens triplet
+	_
+	_
+	_
+	_
+	_
+	sClassic // 3 slots
+	_
+	_
+	sIETF // 3 slots: RateLimit-{Limit,Remaining,Reset}
+	_
+	_
+	sIETFRateLimit // every field line kept
+	sIETFPolicy    // every field line kept
+	nSlots
+)
+
+// slotKeys are the canonical header keys (http.CanonicalHeaderKey of the
+// lower-case names; TestHeaderKeysCanonical checks them), by slot. Values are
+// read from the http.Header map under exactly these keys: the semantics of
+// Header.Get, without canonicalising on every call.
+var slotKeys = [nSlots]string{
+	"Retry-After", "Retry-After-Ms", "X-Ms-Retry-After-Ms",
+	"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
+	"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+	"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset",
+	"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset",
+	"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset",
+	"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset",
+	"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset",
+	"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset",
+	"Ratelimit", "Ratelimit-Policy",
+}
+
+// slotHash is a perfect hash of the slot keys into 64 buckets (constants
+// found by search; init panics on a collision).
+func slotHash(k string) uint32 {
+	return (uint32(len(k)) + uint32(k[len(k)-2])*5149 + uint32(k[len(k)/2])*40) & 63
+}
+
+// slotTable maps slotHash to slot+1 (0: no slot).
+var slotTable [64]int8
+
 func init() {
-	for d, unit := range [2]string{"tokens", "requests"} {
-		for k, f := range [3]string{"limit", "remaining", "reset"} {
-			hOpenAI[d][k] = http.CanonicalHeaderKey("x-ratelimit-" + f + "-" + unit)
-			hAnthropic[d][k] = http.CanonicalHeaderKey("anthropic-ratelimit-" + unit + "-" + f)
+	for s, k := range slotKeys {
+		h := slotHash(k)
+		if slotTable[h] != 0 {
+			panic("throttle: slotHash collision: " + k)
 		}
-	}
-	for d, unit := range [2]string{"input-tokens", "output-tokens"} {
-		for k, f := range [3]string{"limit", "remaining", "reset"} {
-			hAnthropicInOut[d][k] = http.CanonicalHeaderKey("anthropic-ratelimit-" + unit + "-" + f)
-		}
+		slotTable[h] = int8(s + 1)
 	}
 }
 
-func header(h http.Header, key string) (string, bool) {
-	vs := h[key]
-	if len(vs) == 0 {
-		return "", false
+// slotOf returns the slot of canonical header key k, or -1: one hash of
+// three bytes and one string comparison.
+func slotOf(k string) int {
+	if len(k) < len("Ratelimit") {
+		return -1
 	}
-	return vs[0], true
+	s := int(slotTable[slotHash(k)]) - 1
+	if s < 0 || slotKeys[s] != k {
+		return -1
+	}
+	return s
+}
+
+// fields are the rate-limit header values of one response, by slot: the
+// first field line of each (as Header.Get), every line for the two IETF
+// structured fields.
+type fields struct {
+	v       [nSlots]string
+	present uint32 // bit per slot: the key is in the map with at least one value
+	lines   [2][]string
+}
+
+// any reports whether any of the n slots from base is present.
+func (f *fields) any(base, n int) bool { return f.present&((1<<n-1)<<base) != 0 }
+
+func (f *fields) has(slot int) bool { return f.present&(1<<slot) != 0 }
+
+func (f *fields) get(slot int) (string, bool) { return f.v[slot], f.has(slot) }
+
+func (f *fields) set(slot int, vs []string) {
+	if len(vs) == 0 {
+		return
+	}
+	f.v[slot] = vs[0]
+	f.present |= 1 << slot
+	if slot >= sIETFRateLimit {
+		f.lines[slot-sIETFRateLimit] = vs
+	}
+}
+
+// dialectSlots are the slots read per dialect ("" = every dialect), after
+// the three Retry-After slots, which every dialect reads.
+func dialectSlots(only string) (lo, hi int) {
+	switch only {
+	case DialectOpenAI, DialectAzure:
+		return sOpenAI, sAnthropic
+	case DialectAnthropic:
+		return sAnthropic, sClassic
+	case DialectClassic:
+		return sClassic, sIETF
+	case DialectIETF:
+		return sIETF, nSlots
+	}
+	return sOpenAI, nSlots
+}
+
+// gather fills f from h for the slots [lo, hi) and the Retry-After slots. A
+// map with no more entries than keys to look up is read in one pass,
+// dispatching on the key (every dialect read: 29 keys, and a response
+// carries 10-20 fields); a larger one by one lookup per key (a dialect set:
+// 6 to 15 keys).
+func (f *fields) gather(h http.Header, lo, hi int) {
+	if len(h) <= hi-lo+sOpenAI {
+		for k, vs := range h {
+			if s := slotOf(k); s >= 0 && (s < sOpenAI || (s >= lo && s < hi)) {
+				f.set(s, vs)
+			}
+		}
+		return
+	}
+	for s := 0; s < sOpenAI; s++ {
+		f.set(s, h[slotKeys[s]])
+	}
+	for s := lo; s < hi; s++ {
+		f.set(s, h[slotKeys[s]])
+	}
 }
 
 // trimOWS trims HTTP optional whitespace (SP, HTAB) and other ASCII space.
-func trimOWS(s string) string { return strings.TrimSpace(s) }
+// The common case, a value with no surrounding space, returns at once.
+func trimOWS(s string) string {
+	if len(s) > 0 && s[0] > ' ' && s[0] < 0x80 && s[len(s)-1] > ' ' && s[len(s)-1] < 0x80 {
+		return s
+	}
+	return strings.TrimSpace(s)
+}
+
+// parseDigits parses s, 1 to 15 ASCII digits, exactly as strconv.ParseInt
+// (and, converted, as strconv.ParseFloat: below 2^53 the conversion is
+// exact); ok=false for anything else, which the callers hand to strconv.
+func parseDigits(s string) (int64, bool) {
+	if len(s) == 0 || len(s) > 15 {
+		return 0, false
+	}
+	var v int64
+	for i := 0; i < len(s); i++ {
+		c := s[i] - '0'
+		if c > 9 {
+			return 0, false
+		}
+		v = v*10 + int64(c)
+	}
+	return v, true
+}
+
+// parseDecimal is strconv.ParseFloat(s, 64) for an s that passed
+// isDecimalNumber, with a fast path for plain integers.
+func parseDecimal(s string) (float64, error) {
+	if v, ok := parseDigits(s); ok {
+		return float64(v), nil
+	}
+	return strconv.ParseFloat(s, 64)
+}
 
 // isDecimalNumber reports whether s is digits with at most one '.', followed
 // by at least one digit: no sign, exponent, NaN or Inf.
@@ -162,13 +303,15 @@ func parseCount(s string) (int64, bool) {
 	if s == "" || len(s) > 16 {
 		return 0, false
 	}
+	var v int64
 	for i := 0; i < len(s); i++ {
-		if !isDigit(s[i]) {
+		c := s[i] - '0'
+		if c > 9 {
 			return 0, false
 		}
+		v = v*10 + int64(c) // at most 16 digits: no overflow
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v > MaxQuotaValue {
+	if v > MaxQuotaValue {
 		return 0, false
 	}
 	return v, true
@@ -178,8 +321,11 @@ func parseCount(s string) (int64, bool) {
 // Envoy/draft-03 policy list ("10, 10;w=1;name=\"per-ip\", 1000;w=3600"),
 // of which the leading figure is the limit in effect.
 func parseLimit(s string) (int64, bool) {
-	if i := strings.IndexAny(s, ",;"); i >= 0 {
-		s = s[:i]
+	for i := 0; i < len(s); i++ {
+		if s[i] == ',' || s[i] == ';' {
+			s = s[:i]
+			break
+		}
 	}
 	v, ok := parseCount(s)
 	if !ok || v == 0 {
@@ -201,7 +347,7 @@ func ParseResetDuration(s string) (time.Duration, bool) {
 		return 0, false
 	}
 	if isDecimalNumber(s) {
-		v, err := strconv.ParseFloat(s, 64)
+		v, err := parseDecimal(s)
 		if err != nil || v > MaxReset.Seconds() {
 			return 0, false
 		}
@@ -209,6 +355,12 @@ func ParseResetDuration(s string) (time.Duration, bool) {
 	}
 	if s[0] == '-' || s[0] == '+' {
 		return 0, false
+	}
+	if d, ok := parseSimpleDuration(s); ok {
+		if d > MaxReset {
+			return 0, false
+		}
+		return d, true
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 || d > MaxReset {
@@ -226,7 +378,7 @@ func ParseResetDuration(s string) (time.Duration, bool) {
 func parseResetValue(s string, now time.Time) (time.Duration, bool) {
 	s = trimOWS(s)
 	if isDecimalNumber(s) {
-		v, err := strconv.ParseFloat(s, 64)
+		v, err := parseDecimal(s)
 		if err != nil {
 			return 0, false
 		}
@@ -249,9 +401,12 @@ func parseResetValue(s string, now time.Time) (time.Duration, bool) {
 		return untilTime(at, now)
 	}
 	if len(s) >= 20 && (strings.IndexByte(s, 'T') > 0 || strings.IndexByte(s, 't') > 0) {
-		at, err := time.Parse(time.RFC3339, s)
-		if err != nil {
-			return 0, false
+		at, ok := parseRFC3339UTC(s)
+		if !ok {
+			var err error
+			if at, err = time.Parse(time.RFC3339, s); err != nil {
+				return 0, false
+			}
 		}
 		return untilTime(at, now)
 	}
@@ -288,31 +443,35 @@ func clampRetry(seconds float64) time.Duration {
 // clamped to it. A malformed or absent value gives ok=false, so the caller
 // applies its default backoff (never 0).
 func ParseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
-	d, ok, _ = parseRetryAfter(h, now)
+	var f fields
+	for s := 0; s < sOpenAI; s++ {
+		f.set(s, h[slotKeys[s]])
+	}
+	d, ok, _ = parseRetryAfter(&f, now)
 	return d, ok
 }
 
-func parseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool, malformed int) {
-	for _, key := range [2]string{hRetryAfterMs, hXMsRetryAfter} {
-		v, present := header(h, key)
+func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malformed int) {
+	for _, slot := range [2]int{sRetryAfterMs, sXMsRetryAfter} {
+		v, present := f.get(slot)
 		if !present {
 			continue
 		}
 		v = trimOWS(v)
 		if isDecimalNumber(v) {
-			if ms, err := strconv.ParseFloat(v, 64); err == nil {
+			if ms, err := parseDecimal(v); err == nil {
 				return clampRetry(ms / 1000), true, malformed
 			}
 		}
 		malformed++
 	}
-	v, present := header(h, hRetryAfter)
+	v, present := f.get(sRetryAfter)
 	if !present {
 		return 0, false, malformed
 	}
 	v = trimOWS(v)
 	if isDecimalNumber(v) {
-		if sec, err := strconv.ParseFloat(v, 64); err == nil {
+		if sec, err := parseDecimal(v); err == nil {
 			return clampRetry(sec), true, malformed
 		}
 	}
@@ -333,7 +492,7 @@ func parseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool, ma
 // parser accumulates candidate figures per dimension while reading the
 // dialects, and keeps the most restrictive one.
 type parser struct {
-	h         http.Header
+	f         fields
 	now       time.Time
 	best      [2]Dimension
 	malformed int
@@ -370,10 +529,11 @@ func (p *parser) offer(dim int, c Dimension) {
 
 // triplet reads limit, remaining and reset header values into a Dimension.
 // present reports whether any of the three headers was there.
-func (p *parser) triplet(keys [3]string, dialect string) (d Dimension, present bool) {
+// The triplet's slots are base, base+1, base+2.
+func (p *parser) triplet(base int, dialect string) (d Dimension, present bool) {
 	d = unknownDimension()
 	d.Dialect = dialect
-	if v, ok := header(p.h, keys[0]); ok {
+	if v, ok := p.f.get(base); ok {
 		present = true
 		if n, ok := parseLimit(v); ok {
 			d.Limit = n
@@ -381,7 +541,7 @@ func (p *parser) triplet(keys [3]string, dialect string) (d Dimension, present b
 			p.malformed++
 		}
 	}
-	if v, ok := header(p.h, keys[1]); ok {
+	if v, ok := p.f.get(base + 1); ok {
 		present = true
 		if n, ok := parseCount(v); ok {
 			d.Remaining = n
@@ -389,7 +549,7 @@ func (p *parser) triplet(keys [3]string, dialect string) (d Dimension, present b
 			p.malformed++
 		}
 	}
-	if v, ok := header(p.h, keys[2]); ok {
+	if v, ok := p.f.get(base + 2); ok {
 		present = true
 		if r, ok := parseResetValue(v, p.now); ok {
 			d.Reset = r
@@ -458,6 +618,20 @@ func ParseHeadersDialect(h http.Header, now time.Time, dialect string) Quota {
 // and IETF (case-insensitive); "", "Auto" and unknown names to "" (every
 // dialect).
 func NormalizeDialect(dialect string) string {
+	switch dialect { // the spellings of the API enum and of this package
+	case "", "Auto":
+		return ""
+	case "OpenAI", DialectOpenAI:
+		return DialectOpenAI
+	case "Anthropic", DialectAnthropic:
+		return DialectAnthropic
+	case "Azure", DialectAzure:
+		return DialectAzure
+	case "Classic", DialectClassic:
+		return DialectClassic
+	case "IETF", DialectIETF:
+		return DialectIETF
+	}
 	for _, d := range [...]string{DialectOpenAI, DialectAnthropic, DialectAzure, DialectClassic, DialectIETF} {
 		if strings.EqualFold(dialect, d) {
 			return d
@@ -468,23 +642,24 @@ func NormalizeDialect(dialect string) string {
 
 // parseHeaders reads the dialect only ("" = every dialect).
 func parseHeaders(h http.Header, now time.Time, only string) Quota {
-	p := parser{h: h, now: now, best: [2]Dimension{unknownDimension(), unknownDimension()}}
+	p := parser{now: now, best: [2]Dimension{unknownDimension(), unknownDimension()}}
+	f := &p.f
+	lo, hi := dialectSlots(only)
+	f.gather(h, lo, hi)
 	q := Quota{}
 	var msRetry bool
-	q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(h, now)
+	q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(f, now)
 	if q.HasRetryAfter {
-		_, a := header(h, hRetryAfterMs)
-		_, b := header(h, hXMsRetryAfter)
-		msRetry = a || b
+		msRetry = f.has(sRetryAfterMs) || f.has(sXMsRetryAfter)
 	}
 
 	// OpenAI / Azure.
-	for dim := 0; dim < 2 && (only == "" || only == DialectOpenAI || only == DialectAzure); dim++ {
-		d, present := p.triplet(hOpenAI[dim], DialectOpenAI)
+	for dim := 0; dim < 2 && (only == "" || only == DialectOpenAI || only == DialectAzure) && f.any(sOpenAI, 6); dim++ {
+		d, present := p.triplet(sOpenAI+3*dim, DialectOpenAI)
 		if !present {
 			continue
 		}
-		resetRaw, hasReset := header(h, hOpenAI[dim][2])
+		resetRaw, hasReset := f.get(sOpenAI + 3*dim + 2)
 		switch {
 		case only != "":
 			d.Dialect = only
@@ -494,19 +669,19 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 		p.offer(dim, d)
 	}
 
-	if only == "" || only == DialectAnthropic {
+	if (only == "" || only == DialectAnthropic) && f.any(sAnthropic, sClassic-sAnthropic) {
 		p.parseAnthropic()
 	}
 
 	// Classic.
-	if only == "" || only == DialectClassic {
-		if d, present := p.triplet([3]string{hClassicLimit, hClassicRemain, hClassicReset}, DialectClassic); present {
+	if (only == "" || only == DialectClassic) && f.any(sClassic, 3) {
+		if d, present := p.triplet(sClassic, DialectClassic); present {
 			p.offer(dimRequests, d)
 		}
 	}
 
 	// IETF.
-	if only == "" || only == DialectIETF {
+	if (only == "" || only == DialectIETF) && f.any(sIETF, nSlots-sIETF) {
 		p.parseIETF()
 	}
 
@@ -524,12 +699,12 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 
 // parseAnthropic reads the anthropic-ratelimit-* triplets.
 func (p *parser) parseAnthropic() {
-	if d, present := p.triplet(hAnthropic[dimRequests], DialectAnthropic); present {
+	if d, present := p.triplet(sAnthropic+3*dimRequests, DialectAnthropic); present {
 		p.offer(dimRequests, d)
 	}
-	tok, _ := p.triplet(hAnthropic[dimTokens], DialectAnthropic)
-	in, _ := p.triplet(hAnthropicInOut[0], DialectAnthropic)
-	out, _ := p.triplet(hAnthropicInOut[1], DialectAnthropic)
+	tok, _ := p.triplet(sAnthropic+3*dimTokens, DialectAnthropic)
+	in, _ := p.triplet(sAnthropicInOut, DialectAnthropic)
+	out, _ := p.triplet(sAnthropicInOut+3, DialectAnthropic)
 	switch {
 	case tok.Known():
 		p.offer(dimTokens, tok)
@@ -579,7 +754,7 @@ func (p *parser) parseIETF() {
 	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
 	var sm sfMember
 	m := &sm
-	for _, line := range p.h[hIETFPolicy] {
+	for _, line := range p.f.lines[sIETFPolicy-sIETFRateLimit] {
 		it := sfList{s: line}
 		for it.next(m) {
 			switch m.item.kind {
@@ -612,7 +787,7 @@ func (p *parser) parseIETF() {
 		}
 		p.malformed += it.malformed
 	}
-	for _, line := range p.h[hIETFRateLimit] {
+	for _, line := range p.f.lines[0] {
 		it := sfList{s: line}
 		for it.next(m) {
 			if m.item.kind != sfString && m.item.kind != sfToken {
@@ -652,7 +827,7 @@ func (p *parser) parseIETF() {
 		}
 	}
 	// draft-03..06 form.
-	if d, present := p.triplet([3]string{hIETFLimit, hIETFRemaining, hIETFReset}, DialectIETF); present || oldLimit > 0 {
+	if d, present := p.triplet(sIETF, DialectIETF); present || oldLimit > 0 {
 		if d.Limit < 0 {
 			d.Limit = oldLimit
 		}

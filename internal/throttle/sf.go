@@ -1,9 +1,6 @@
 package throttle
 
-import (
-	"strconv"
-	"strings"
-)
+import "strings"
 
 // This file is a small, tolerant reader for RFC 9651 Structured Field Lists,
 // enough for the IETF RateLimit and RateLimit-Policy fields
@@ -270,9 +267,9 @@ func parseSFNumber(s string, i int) (sfValue, int, bool) {
 	if intDigits > 15 {
 		return sfValue{}, j, false
 	}
-	v, err := strconv.ParseInt(s[i:j], 10, 64)
-	if err != nil {
-		return sfValue{}, j, false
+	v, _ := parseDigits(s[start:j]) // 1 to 15 digits: cannot fail or overflow
+	if start > i {
+		v = -v
 	}
 	return sfValue{kind: sfInteger, i: v}, j, true
 }

@@ -1,0 +1,164 @@
+package throttle
+
+import (
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHeaderKeysCanonical: every slot key is the canonical form of its
+// lower-case header name and maps back to its slot.
+func TestHeaderKeysCanonical(t *testing.T) {
+	for s, k := range slotKeys {
+		if c := http.CanonicalHeaderKey(strings.ToLower(k)); c != k {
+			t.Errorf("slot %d: key %q, canonical %q", s, k, c)
+		}
+		if got := slotOf(k); got != s {
+			t.Errorf("slotOf(%q) = %d, want %d", k, got, s)
+		}
+	}
+	for _, k := range []string{"", "Retry-After-S", "x-ratelimit-limit", "X-Ratelimit", "Content-Type", "Ratelimit-Policy-X"} {
+		if got := slotOf(k); got != -1 {
+			t.Errorf("slotOf(%q) = %d, want -1", k, got)
+		}
+	}
+}
+
+// headerBlock builds a header map from "Name: value" lines. flags bit 0:
+// keys as written (not canonicalised), so non-canonical keys reach the
+// parser as a caller's own map may hold them; bit 1: 40 unrelated fields
+// added, so the parser reads by lookups instead of one pass over the map.
+func headerBlock(s string, flags uint8) http.Header {
+	h := http.Header{}
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		k = strings.TrimSpace(k)
+		if flags&1 != 0 {
+			h[k] = append(h[k], v)
+		} else {
+			h.Add(k, v)
+		}
+	}
+	if flags&2 != 0 {
+		for i := range 40 {
+			h.Set("X-Filler-"+strconv.Itoa(i), "1")
+		}
+	}
+	return h
+}
+
+// FuzzHeadersMatchReference: the parser gives exactly what the reference parser
+// (ref_test.go, the implementation before the single-pass rewrite) gives,
+// for every dialect hint, with and without unrelated fields.
+func FuzzHeadersMatchReference(f *testing.F) {
+	for _, d := range benchDialects {
+		f.Add(uint8(0), uint8(0), strings.Join(d.lines, "\n"))
+		f.Add(uint8(3), uint8(2), strings.Join(d.lines, "\n"))
+	}
+	for i, s := range []string{
+		"x-ratelimit-limit-tokens: 150000\nx-ratelimit-remaining-tokens: 149984\nx-ratelimit-reset-tokens: 6m0s\nX-RateLimit-Remaining: 0",
+		"anthropic-ratelimit-tokens-remaining: 1000\nanthropic-ratelimit-tokens-reset: 2026-01-01T00:00:05Z\nretry-after: 3",
+		"anthropic-ratelimit-input-tokens-remaining: 10\nanthropic-ratelimit-output-tokens-remaining: 0\nanthropic-ratelimit-input-tokens-reset: 2026-01-01T00:00:45+02:00",
+		"x-ratelimit-remaining-tokens: 10\nretry-after-ms: 250\nx-ms-retry-after-ms: 300\nx-ratelimit-reset-requests: 1.5s",
+		"X-RateLimit-Limit: 10, 10;w=1\nX-RateLimit-Remaining: 3\nX-RateLimit-Reset: 1767225660000\nX-RateLimit-Reset: 1",
+		"RateLimit-Policy: \"t\";q=100;qu=\"tokens\";w=10\nRateLimit: \"t\";r=50;t=3\nRateLimit-Limit: 5\nRateLimit: \"u\";r=-1",
+		"retry-after: Thu, 01 Jan 2026 00:02:00 GMT\nx-ratelimit-reset-tokens:  25h \nx-ratelimit-limit-tokens: 0",
+		"x-ratelimit-reset-tokens: 999999h999999h999999h\nx-ratelimit-remaining-tokens: 00001",
+	} {
+		f.Add(uint8(i), uint8(i%4), s)
+	}
+	f.Fuzz(func(t *testing.T, which, flags uint8, s string) {
+		h := headerBlock(s, flags)
+		dialect := fuzzDialects[int(which)%len(fuzzDialects)]
+		if got, want := ParseHeadersDialect(h, NOW, dialect), refParseHeadersDialect(h, NOW, dialect); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: got %+v, reference %+v", dialect, got, want)
+		}
+		if got, want := ParseHeaders(h, NOW), refParseHeaders(h, NOW); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Auto: got %+v, reference %+v", got, want)
+		}
+		d, ok := ParseRetryAfter(h, NOW)
+		if rd, rok := refParseRetryAfter(h, NOW); d != rd || ok != rok {
+			t.Fatalf("ParseRetryAfter = %v, %v; reference %v, %v", d, ok, rd, rok)
+		}
+	})
+}
+
+// FuzzSimpleDuration: the Go-duration fast path agrees with
+// time.ParseDuration, and ParseResetDuration and parseResetValue agree with
+// the reference parser.
+func FuzzSimpleDuration(f *testing.F) {
+	for _, s := range []string{"6ms", "15ms", "6m0s", "1h30m", "0s", "1.5s", "250us", "1m30.5s", "24h", "24h0m1s", "86400s",
+		"999999h", "999999h999999h999999h", "1000000s", "06ms", "1mss", "1m.5s", "1h1h", "5", "", " 6ms ", "1e3s", "1µs", "1msm"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if d, ok := parseSimpleDuration(s); ok {
+			want, err := time.ParseDuration(s)
+			switch {
+			case d <= MaxReset && (err != nil || want != d):
+				t.Fatalf("parseSimpleDuration(%q) = %v; time.ParseDuration = %v, %v", s, d, want, err)
+			case d > MaxReset && err == nil && want <= MaxReset:
+				t.Fatalf("parseSimpleDuration(%q) = %v above MaxReset; time.ParseDuration = %v", s, d, want)
+			}
+		}
+		d, ok := ParseResetDuration(s)
+		if rd, rok := refParseResetDuration(s); d != rd || ok != rok {
+			t.Fatalf("ParseResetDuration(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
+		}
+		d, ok = parseResetValue(s, NOW)
+		if rd, rok := refparseResetValue(s, NOW); d != rd || ok != rok {
+			t.Fatalf("parseResetValue(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
+		}
+	})
+}
+
+// FuzzRFC3339UTC: whatever the fast path accepts, time.Parse(time.RFC3339)
+// accepts as the same instant; resets read through it agree with the
+// reference parser.
+func FuzzRFC3339UTC(f *testing.F) {
+	for _, s := range []string{"2026-01-01T00:00:05Z", "2026-01-01T00:00:05z", "2026-01-01t00:00:05Z", "2024-02-29T23:59:59Z",
+		"2023-02-29T00:00:00Z", "2000-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
+		"2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-00-01T00:00:00Z", "2026-01-00T00:00:00Z", "2026-01-01T24:00:00Z",
+		"2026-01-01T00:60:00Z", "2026-01-01T00:00:60Z", "2026-01-01T00:00:05.5Z", "2026-01-01T00:00:05+02:00",
+		"2026-01-01T00:00:05-00:00", "+026-01-01T00:00:05Z", "2026-1-01T00:00:05ZZ", "2026-01-01 00:00:05Z", "２026-01-01T00:00:05Z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if at, ok := parseRFC3339UTC(s); ok {
+			want, err := time.Parse(time.RFC3339, s)
+			if err != nil || !want.Equal(at) || want.Location() != at.Location() {
+				t.Fatalf("parseRFC3339UTC(%q) = %v; time.Parse = %v, %v", s, at, want, err)
+			}
+		}
+		d, ok := parseResetValue(s, NOW)
+		if rd, rok := refparseResetValue(s, NOW); d != rd || ok != rok {
+			t.Fatalf("parseResetValue(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
+		}
+	})
+}
+
+// TestFastPathsTaken: the common reset forms are read by the fast paths.
+func TestFastPathsTaken(t *testing.T) {
+	for s, want := range map[string]time.Duration{"6ms": 6 * time.Millisecond, "6m0s": 6 * time.Minute, "1h30m": 90 * time.Minute, "0s": 0} {
+		if d, ok := parseSimpleDuration(s); !ok || d != want {
+			t.Errorf("parseSimpleDuration(%q) = %v, %v; want %v, true", s, d, ok, want)
+		}
+	}
+	for _, s := range []string{"1.5s", "250us", "6mx", "1234567s"} {
+		if d, ok := parseSimpleDuration(s); ok {
+			t.Errorf("parseSimpleDuration(%q) = %v, true; want fallback", s, d)
+		}
+	}
+	if at, ok := parseRFC3339UTC("2024-02-29T23:59:59Z"); !ok || !at.Equal(time.Date(2024, 2, 29, 23, 59, 59, 0, time.UTC)) {
+		t.Errorf("parseRFC3339UTC = %v, %v", at, ok)
+	}
+	if _, ok := parseRFC3339UTC("2023-02-29T00:00:00Z"); ok {
+		t.Error("parseRFC3339UTC accepted 2023-02-29")
+	}
+}

@@ -1,0 +1,106 @@
+package throttle
+
+import "time"
+
+// Fast paths for the reset encodings providers send most, each a strict
+// subset of the general parser it stands in front of (time.ParseDuration,
+// time.Parse(time.RFC3339, ...)), giving the same result; anything else goes
+// to the general parser. FuzzSimpleDuration and FuzzRFC3339UTC compare them.
+
+// parseSimpleDuration parses a Go duration made of integer components with
+// the units h, m, s and ms ("6ms", "15ms", "6m0s", "1h30m"), at most six
+// digits each. ok=false means "not this form": the caller uses
+// time.ParseDuration. With ok=true the result is what time.ParseDuration
+// returns, except that once the sum exceeds MaxReset it returns that partial
+// sum at once (time.ParseDuration would return a larger value or an error;
+// the caller rejects both).
+func parseSimpleDuration(s string) (time.Duration, bool) {
+	if s == "" {
+		return 0, false
+	}
+	var d time.Duration
+	for i := 0; i < len(s); {
+		j := i
+		var v int64
+		for j < len(s) && j-i < 6 && isDigit(s[j]) {
+			v = v*10 + int64(s[j]-'0')
+			j++
+		}
+		if j == i || j >= len(s) || isDigit(s[j]) {
+			return 0, false // no digits, no unit, or more than six digits
+		}
+		var unit time.Duration
+		switch s[j] {
+		case 'h':
+			unit, j = time.Hour, j+1
+		case 's':
+			unit, j = time.Second, j+1
+		case 'm':
+			if j+1 < len(s) && s[j+1] == 's' {
+				unit, j = time.Millisecond, j+2
+			} else {
+				unit, j = time.Minute, j+1
+			}
+		default:
+			return 0, false
+		}
+		if j < len(s) && !isDigit(s[j]) {
+			return 0, false // a longer unit ("mss", "ms.") or a fraction
+		}
+		d += time.Duration(v) * unit // v < 1e6, d <= MaxReset: no overflow
+		if d > MaxReset {
+			return d, true
+		}
+		i = j
+	}
+	return d, true
+}
+
+// parseRFC3339UTC parses exactly "YYYY-MM-DDTHH:MM:SSZ" (20 bytes, UTC, no
+// fraction), with the field ranges time.Parse(time.RFC3339, ...) enforces
+// (day within the month, hour < 24, minute and second < 60). ok=false means
+// "not this form": the caller uses time.Parse.
+func parseRFC3339UTC(s string) (time.Time, bool) {
+	if len(s) != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != 'Z' {
+		return time.Time{}, false
+	}
+	year, ok1 := digits2(s, 0)
+	year2, ok2 := digits2(s, 2)
+	month, ok3 := digits2(s, 5)
+	day, ok4 := digits2(s, 8)
+	hour, ok5 := digits2(s, 11)
+	minute, ok6 := digits2(s, 14)
+	sec, ok7 := digits2(s, 17)
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
+		return time.Time{}, false
+	}
+	year = year*100 + year2
+	if month < 1 || month > 12 || day < 1 || day > daysInMonth(month, year) || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, 0, time.UTC), true
+}
+
+// digits2 parses the two ASCII digits at s[i:i+2].
+func digits2(s string, i int) (int, bool) {
+	a, b := s[i]-'0', s[i+1]-'0'
+	if a > 9 || b > 9 {
+		return 0, false
+	}
+	return int(a)*10 + int(b), true
+}
+
+// daysInMonth is the number of days of month (1-12) in the proleptic
+// Gregorian year.
+func daysInMonth(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
+}
