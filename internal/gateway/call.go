@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
 )
@@ -62,6 +63,10 @@ const (
 // shadow reservation that charges the limiter nothing; the refusal is
 // counted once, under the code Enforce would have answered.
 func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPolicy, m *registry.Model, prompt, maxOut int64, p throttle.Priority, wouldRefuse string) (*call, *apiError) {
+	class := metrics.ClassInteractive
+	if p == throttle.Batch {
+		class = metrics.ClassBatch
+	}
 	cost := pool.CostModel.Cost(prompt, maxOut)
 	if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {
 		return nil, providerTooLargeError(m.Name, cost.ProviderTokens, lim)
@@ -117,6 +122,7 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		return nil, upstreamQuotaError(wait)
 	}
 	cl.permit = permit
+	g.metrics.Admitted.WithLabelValues(t.ID, class).Inc()
 	return cl, nil
 }
 
@@ -128,9 +134,19 @@ func (g *Gateway) dryRunRejection(t *registry.Tenant, code string) {
 	g.metrics.DryRunRejections.WithLabelValues(t.ID, code).Inc()
 }
 
+// refunded counts a settlement's refund and use in
+// refunded_weighted_tokens_total and used_weighted_tokens_total. A call that
+// outlives its tenant's removal counts nothing, so the series ForgetTenant
+// deleted do not come back.
 func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {
+	if t.Removed() {
+		return
+	}
 	if s.RefundedWeighted > 0 {
 		g.metrics.RefundedTokens.WithLabelValues(t.ID).Add(float64(s.RefundedWeighted))
+	}
+	if s.UsedWeighted > 0 {
+		g.metrics.UsedTokens.WithLabelValues(t.ID).Add(float64(s.UsedWeighted))
 	}
 }
 

@@ -409,8 +409,10 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		return
 	}
 	g.upstreamCalls.Add(1)
+	sent := g.clock.Now()
 	resp, err := g.client.Do(req)
 	now := g.clock.Now()
+	g.metrics.ObserveUpstream(c.model.Name, now.Sub(sent))
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, "error").Inc()
@@ -566,8 +568,8 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 	t := g.reg.Tenant(tenant)
 	switch st {
 	case jobs.StatusExpired:
-		g.metrics.JobsExpired.WithLabelValues(tenant).Inc()
-		if t != nil {
+		if t != nil { // a removed tenant's series stay forgotten
+			g.metrics.JobsExpired.WithLabelValues(tenant).Inc()
 			t.AddExpired()
 		}
 	case jobs.StatusSucceeded, jobs.StatusFailed:

@@ -27,6 +27,11 @@ func (g *Gateway) interactive(endpoint string) http.HandlerFunc {
 func (g *Gateway) refuse(w http.ResponseWriter, t *registry.Tenant, e *apiError) {
 	id := ""
 	if t != nil {
+		if t.Removed() {
+			// Removed while the request ran: its series were forgotten.
+			writeError(w, e)
+			return
+		}
 		id = t.ID
 		if e.status == http.StatusTooManyRequests || e.status == http.StatusForbidden ||
 			(e.status == http.StatusRequestEntityTooLarge && e.code == string(limiter.ReasonTooLarge)) {
@@ -81,14 +86,16 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		return
 	}
 	g.upstreamCalls.Add(1)
+	sent := g.clock.Now()
 	resp, err := g.client.Do(upReq)
 	now := g.clock.Now()
+	g.metrics.ObserveUpstream(m.Name, now.Sub(sent))
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		g.metrics.UpstreamResponses.WithLabelValues(m.Name, "error").Inc()
 		switch {
 		case r.Context().Err() != nil:
-			g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeClientGone).Inc()
+			g.countRequest(t, metrics.OutcomeClientGone)
 		case isTimeout(err):
 			g.refuse(w, t, &apiError{status: http.StatusGatewayTimeout, typ: typeAPI, code: codeUpstreamTimeout,
 				message: "The provider did not answer in time."})
@@ -125,7 +132,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		// The provider refused or failed the call: full refund (BC-22), the
 		// status and body are passed through.
 		c.settle(settleRefund, limiter.Usage{})
-		g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeUpstreamError).Inc()
+		g.countRequest(t, metrics.OutcomeUpstreamError)
 		g.writeUpstream(w, t, resp, nil)
 		return
 	}
@@ -148,7 +155,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	// Settle before the body is written, so a client that sends its next
 	// request after reading this response sees the refund (BC-24).
 	c.settle(settleUsage, u)
-	g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeOK).Inc()
+	g.countRequest(t, metrics.OutcomeOK)
 	g.writeUpstream(w, t, resp, b)
 }
 
@@ -277,7 +284,15 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	if !clientOK || r.Context().Err() != nil {
 		outcome = metrics.OutcomeClientGone
 	}
-	g.metrics.Requests.WithLabelValues(c.tenant.ID, outcome).Inc()
+	g.countRequest(c.tenant, outcome)
+}
+
+// countRequest counts a request's outcome in requests_total, unless its
+// tenant was removed while it ran (ForgetTenant deleted its series).
+func (g *Gateway) countRequest(t *registry.Tenant, outcome string) {
+	if !t.Removed() {
+		g.metrics.Requests.WithLabelValues(t.ID, outcome).Inc()
+	}
 }
 
 // deltaTokens counts the output tokens of one SSE event: the tokens of the

@@ -36,6 +36,22 @@ const (
 	OutcomeClientGone = "client_gone"
 )
 
+// Admission classes (label "class" of
+// fairshare_scheduler_admitted_requests_total).
+const (
+	// ClassInteractive: an interactive request admitted for its upstream call.
+	ClassInteractive = "interactive"
+	// ClassBatch: a batch job admitted at dispatch for an upstream attempt.
+	ClassBatch = "batch"
+)
+
+// UpstreamDurationBuckets are the bucket bounds of
+// fairshare_scheduler_upstream_request_duration_seconds, in seconds: LLM
+// calls answer their headers in tens of milliseconds (a refusal, the first
+// chunk of a stream) up to minutes (a long non-streaming completion), so the
+// bounds run from 50 ms to 10 min.
+var UpstreamDurationBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
+
 // Metrics holds the scheduler's counters and histograms.
 type Metrics struct {
 	// Requests counts interactive requests and job submissions by tenant
@@ -50,6 +66,18 @@ type Metrics struct {
 	ChargedTokens *prometheus.CounterVec
 	// RefundedTokens counts weighted tokens refunded at settlement, by tenant.
 	RefundedTokens *prometheus.CounterVec
+	// UsedTokens counts weighted tokens used, as settled (the provider's
+	// usage prompt*w_in + completion*w_out, or the charge when the usage is
+	// unknown, BC-28a), by tenant.
+	UsedTokens *prometheus.CounterVec
+	// Admitted counts upstream calls admitted (charged, or shadow-charged
+	// for a DryRun tenant), by tenant and class (ClassInteractive,
+	// ClassBatch); a batch job counts once per attempt.
+	Admitted *prometheus.CounterVec
+	// UpstreamDuration observes, by model, the time from sending an
+	// upstream call to its response headers (or to the transport error), in
+	// seconds, measured with the gateway's clock.
+	UpstreamDuration *prometheus.HistogramVec
 	// JobsExpired counts batch jobs that reached their deadline unsent, by tenant.
 	JobsExpired *prometheus.CounterVec
 	// JobsFinished counts batch jobs by terminal status (no tenant label).
@@ -96,6 +124,21 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call "+
 				"that failed before the provider counted it), by tenant."),
 			[]string{"tenant"}),
+		UsedTokens: prometheus.NewCounterVec(opts("used_weighted_tokens_total",
+			"Weighted tokens used, as settled (the provider's usage prompt*w_in + completion*w_out, or the charge "+
+				"when the usage is unknown; 0 for a call refunded in full), by tenant."),
+			[]string{"tenant"}),
+		Admitted: prometheus.NewCounterVec(opts("admitted_requests_total",
+			"Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class "+
+				"(interactive, or batch: once per dispatch attempt of a job)."),
+			[]string{"tenant", "class"}),
+		UpstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "upstream_request_duration_seconds",
+			Help: "Time from sending an upstream call to its response headers, by model, in seconds; " +
+				"every call (interactive and batch) is observed, including 429s, errors and transport failures " +
+				"(measured to the failure).",
+			Buckets: UpstreamDurationBuckets,
+		}, []string{"model"}),
 		JobsExpired: prometheus.NewCounterVec(opts("jobs_expired_total",
 			"Batch jobs that reached their deadline before being sent (never charged), by tenant."),
 			[]string{"tenant"}),
@@ -121,7 +164,7 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			[]string{"model"}),
 	}
 	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
-		m.RefundedTokens, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
+		m.RefundedTokens, m.UsedTokens, m.Admitted, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
 		m.UpstreamHeadersMalformed)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
@@ -129,19 +172,25 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 	return m
 }
 
-// ForgetTenant deletes the tenant's counter series (its TenantQuota was
-// removed), so a deleted tenant leaves no series behind.
+// ForgetTenant deletes every counter series labelled with the tenant (its
+// TenantQuota was removed), so a deleted tenant leaves no series behind; its
+// gauges go with it since they are read from the snapshot.
 func (m *Metrics) ForgetTenant(tenant string) {
 	l := prometheus.Labels{"tenant": tenant}
-	m.Requests.DeletePartialMatch(l)
-	m.ChargedTokens.DeletePartialMatch(l)
-	m.RefundedTokens.DeletePartialMatch(l)
-	m.JobsExpired.DeletePartialMatch(l)
-	m.DryRunRejections.DeletePartialMatch(l)
+	for _, v := range []*prometheus.CounterVec{m.Requests, m.ChargedTokens, m.RefundedTokens, m.UsedTokens,
+		m.Admitted, m.JobsExpired, m.DryRunRejections} {
+		v.DeletePartialMatch(l)
+	}
 }
 
 // ObserveQueueWait records one job's queue wait.
 func (m *Metrics) ObserveQueueWait(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }
+
+// ObserveUpstream records the time from sending one upstream call of model
+// to its response headers or its transport error.
+func (m *Metrics) ObserveUpstream(model string, d time.Duration) {
+	m.UpstreamDuration.WithLabelValues(model).Observe(d.Seconds())
+}
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, name), help, labels, nil)
@@ -161,6 +210,8 @@ var (
 	descInFlight        = desc("upstream_in_flight_requests", "Upstream calls in flight from the pool.")
 	descModelRemaining  = desc("upstream_remaining_tokens", "Provider tokens the provider's quota has left for the model (estimate; absent when unknown).", "model")
 	descModelLimit      = desc("upstream_limit_tokens", "Provider token limit per window for the model (absent when unknown).", "model")
+	descModelReqs       = desc("upstream_remaining_requests", "Provider requests the provider's quota has left for the model (estimate; absent when unknown).", "model")
+	descModelReqLimit   = desc("upstream_limit_requests", "Provider request limit per window for the model (absent when unknown).", "model")
 	descModelPaused     = desc("upstream_paused", "1 while the model is paused after an upstream 429, else 0.", "model")
 )
 
@@ -172,7 +223,8 @@ type collector struct {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTenantQueued, descTenantInFlight, descTenantKV, descTenantRemaining,
-		descTenantReqs, descBudgetUsed, descBudgetRemaining, descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit, descModelPaused} {
+		descTenantReqs, descBudgetUsed, descBudgetRemaining, descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit,
+		descModelReqs, descModelReqLimit, descModelPaused} {
 		ch <- d
 	}
 }
@@ -215,6 +267,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if m.Status.TokensLimit > 0 {
 			g(descModelLimit, float64(m.Status.TokensLimit), m.Name)
+		}
+		if m.Status.RequestsRemaining >= 0 {
+			g(descModelReqs, float64(m.Status.RequestsRemaining), m.Name)
+		}
+		if m.Status.RequestsLimit > 0 {
+			g(descModelReqLimit, float64(m.Status.RequestsLimit), m.Name)
 		}
 		g(descModelPaused, b2f(m.Status.Paused), m.Name)
 	}

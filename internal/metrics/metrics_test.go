@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
 )
 
 func i64(v int64) *int64 { return &v }
@@ -88,6 +90,79 @@ fairshare_scheduler_tenant_remaining_requests{tenant="a"} 20
 `
 	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), "fairshare_scheduler_tenant_budget_remaining_weighted_tokens",
 		"fairshare_scheduler_tenant_budget_used_weighted_tokens", "fairshare_scheduler_tenant_remaining_requests"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestForgetTenantDeletesEveryTenantCounter: every counter labelled with a
+// tenant loses that tenant's series, and only that tenant's.
+func TestForgetTenantDeletesEveryTenantCounter(t *testing.T) {
+	prom := prometheus.NewRegistry()
+	m := New(prom, nil)
+	for _, id := range []string{"x", "y"} {
+		m.Requests.WithLabelValues(id, OutcomeOK).Inc()
+		m.ChargedTokens.WithLabelValues(id).Add(30)
+		m.RefundedTokens.WithLabelValues(id).Add(15)
+		m.UsedTokens.WithLabelValues(id).Add(15)
+		m.Admitted.WithLabelValues(id, ClassBatch).Inc()
+		m.JobsExpired.WithLabelValues(id).Inc()
+		m.DryRunRejections.WithLabelValues(id, "token_rate_limit").Inc()
+	}
+	m.ForgetTenant("x")
+	mfs, err := prom.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	perTenant := map[string]int{}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "tenant" {
+					perTenant[l.GetValue()]++
+				}
+			}
+		}
+	}
+	if perTenant["x"] != 0 || perTenant["y"] != 7 {
+		t.Errorf("series per tenant after ForgetTenant(x): %v, want x 0, y 7", perTenant)
+	}
+}
+
+// TestModelRequestGauges: the model's request quota is exported once the
+// provider's figures are known, and absent before.
+func TestModelRequestGauges(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	reg := registry.New(clocktesting.NewFakeClock(t0))
+	if err := reg.SetPool(registry.PoolPolicy{BaseURL: "http://127.0.0.1:1", Models: []registry.ModelPolicy{{Name: "m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	prom := prometheus.NewRegistry()
+	New(prom, func() registry.Snapshot { return reg.Snapshot(t0) })
+	names := []string{"fairshare_scheduler_upstream_remaining_requests", "fairshare_scheduler_upstream_limit_requests"}
+	if n, err := testutil.GatherAndCount(prom, names...); err != nil || n != 0 {
+		t.Fatalf("request gauges before any figure: %d series (%v), want 0", n, err)
+	}
+	th := reg.Model("m").Throttle
+	p, ok, _ := th.TryStart(t0, 10, throttle.Interactive)
+	if !ok {
+		t.Fatal("start refused")
+	}
+	q := th.ParseHeaders(http.Header{
+		"X-Ratelimit-Limit-Requests":     {"500"},
+		"X-Ratelimit-Remaining-Requests": {"499"},
+		"X-Ratelimit-Reset-Requests":     {"120ms"},
+	}, t0)
+	th.Observe(t0, p, q)
+	th.Done(t0, p, 10, true)
+	want := `
+# HELP fairshare_scheduler_upstream_limit_requests Provider request limit per window for the model (absent when unknown).
+# TYPE fairshare_scheduler_upstream_limit_requests gauge
+fairshare_scheduler_upstream_limit_requests{model="m"} 500
+# HELP fairshare_scheduler_upstream_remaining_requests Provider requests the provider's quota has left for the model (estimate; absent when unknown).
+# TYPE fairshare_scheduler_upstream_remaining_requests gauge
+fairshare_scheduler_upstream_remaining_requests{model="m"} 499
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
 }
