@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart test-ha ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -96,6 +96,10 @@ test-goodput: ## Gateway goodput against the simulator in every dialect on loopb
 .PHONY: test-restart
 test-restart: tools ## Kill -9 the scheduler mid-import on the real control plane, restart it on the same job store: no job lost or duplicated (about 1 min).
 	$(GO) test -count=1 -timeout 10m -v ./test/restart/...
+
+.PHONY: test-ha
+test-ha: tools ## Two scheduler replicas on the real control plane: one Lease holder serves and writes status; kill -9 the leader mid-backlog, the standby takes over within the lease bound with no job lost (about 1.5 min).
+	$(GO) test -count=1 -timeout 10m -v ./test/ha/...
 
 ##@ Demo and benchmarks
 

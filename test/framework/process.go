@@ -94,17 +94,7 @@ func (p *Process) Stop() {
 }
 
 // Tail returns the last n lines of the process log, for error messages.
-func (p *Process) Tail(n int) string {
-	b, err := os.ReadFile(p.LogPath)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (p *Process) Tail(n int) string { return TailFile(p.LogPath, n) }
 
 // WaitHTTP polls url until it answers 200, the process exits, or ctx ends.
 func WaitHTTP(ctx context.Context, p *Process, url string) error {
