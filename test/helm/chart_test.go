@@ -102,6 +102,9 @@ func schedulerMetricNames(t *testing.T) map[string]bool {
 	names := map[string]bool{}
 	for _, col := range withGauges.collectors {
 		_, isHistogram := col.(prometheus.Histogram)
+		if _, ok := col.(*prometheus.HistogramVec); ok {
+			isHistogram = true
+		}
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { col.Describe(ch); close(ch) }()
 		for d := range ch {
@@ -358,6 +361,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		"fairshare_scheduler_upstream_remaining_tokens", "fairshare_scheduler_upstream_throttled_total",
 		"fairshare_scheduler_queued_jobs", "fairshare_scheduler_requests_total",
 		"fairshare_scheduler_queue_wait_seconds_bucket", "fairshare_scheduler_webhook_deliveries_total",
+		"fairshare_scheduler_upstream_request_duration_seconds_bucket", "fairshare_scheduler_used_weighted_tokens_total",
 	} {
 		if !seen[n] {
 			t.Errorf("the dashboard has no panel on %s", n)
