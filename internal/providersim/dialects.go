@@ -28,14 +28,21 @@ func ceilTime(t time.Time, unit time.Duration) time.Time {
 	return t
 }
 
-// anthropicRemaining rounds a tokens remaining down to the step (see
-// Config.AnthropicRemainingStep).
-func anthropicRemaining(v int64, cfg Config) int64 {
+// anthropicRemaining rounds a tokens remaining v (of a bucket of capacity
+// limit) to the step (Config.AnthropicRemainingStep): down in the
+// AnthropicHeadersTokens mode; to the nearest multiple, ties up, capped at
+// limit, in the AnthropicHeadersInOut mode (provider-headers.md, Anthropic:
+// "rounded to the nearest thousand"), which can exceed v by up to half a
+// step.
+func anthropicRemaining(v, limit int64, cfg Config) int64 {
 	step := cfg.AnthropicRemainingStep
 	if step <= 0 {
 		step = DefaultAnthropicRemainingStep
 	}
-	return v / step * step
+	if cfg.AnthropicHeaders == AnthropicHeadersTokens {
+		return v / step * step
+	}
+	return min((v+step/2)/step*step, limit)
 }
 
 // writeQuotaHeaders sets the dialect's rate-limit headers from the snapshot
@@ -46,17 +53,23 @@ func anthropicRemaining(v int64, cfg Config) int64 {
 //     and remaining as integers (remaining floored), resets as Go durations
 //     until the bucket is full, rounded to the millisecond ("6m0s", "1.5s",
 //     "250ms", "0s").
-//   - anthropic: anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset};
-//     resets as RFC 3339 UTC times when the bucket is full, rounded up to the
-//     second ("2026-01-01T00:00:06Z"); tokens remaining rounded down to a
-//     multiple of Config.AnthropicRemainingStep (default 1000: the reference
-//     says "rounded to the nearest thousand"; the simulator rounds down so
-//     the figure never exceeds the truth), requests remaining exact. The
-//     simulator has one tokens bucket, which the tokens triplet describes
-//     (Anthropic's "most restrictive limit in effect"); the
-//     input-tokens/output-tokens triplets are not sent.
+//   - anthropic: anthropic-ratelimit-requests-{limit,remaining,reset}
+//     (remaining exact) and, per Config.AnthropicHeaders, either (the
+//     default AnthropicHeadersInOut) anthropic-ratelimit-input-tokens-*
+//     for the InputTokensPerMinute bucket, anthropic-ratelimit-output-tokens-*
+//     for the OutputTokensPerMinute bucket and anthropic-ratelimit-tokens-*
+//     for the TokensPerMinute bucket (Anthropic's "most restrictive limit in
+//     effect"), each when its limit is set, remaining rounded to the nearest
+//     multiple of Config.AnthropicRemainingStep (default 1000: "rounded to
+//     the nearest thousand"), ties up, capped at the limit — so 600 left
+//     reads 1000; or (AnthropicHeadersTokens) the tokens triplet only,
+//     remaining rounded down. Resets are RFC 3339 UTC times when the bucket
+//     is full, rounded up to the second ("2026-01-01T00:00:06Z").
 //   - azure: x-ratelimit-remaining-requests and x-ratelimit-remaining-tokens
-//     only (the per-minute buckets, floored; no limit, no reset).
+//     (the per-minute buckets, floored), x-ratelimit-limit-tokens (TPM) and
+//     x-ratelimit-reset-tokens, the time until the tokens bucket is full in
+//     integer seconds, rounded up (provider-headers.md, Azure: "the reset is
+//     observed as integer seconds"); no requests limit or reset.
 //   - classic: X-RateLimit-Limit (requests per window), X-RateLimit-Remaining,
 //     X-RateLimit-Reset: the window end as whole delta seconds (rounded up),
 //     epoch seconds or epoch milliseconds (rounded up) per
@@ -90,17 +103,26 @@ func writeQuotaHeaders(h http.Header, cfg Config, q quota) {
 			h.Set("anthropic-ratelimit-requests-remaining", itoa(q.reqRemaining))
 			h.Set("anthropic-ratelimit-requests-reset", at(q.reqReset))
 		}
-		if q.tokLimit > 0 {
-			h.Set("anthropic-ratelimit-tokens-limit", itoa(q.tokLimit))
-			h.Set("anthropic-ratelimit-tokens-remaining", itoa(anthropicRemaining(q.tokRemaining, cfg)))
-			h.Set("anthropic-ratelimit-tokens-reset", at(q.tokReset))
+		triplet := func(name string, limit, remaining int64, reset time.Duration) {
+			if limit > 0 {
+				h.Set("anthropic-ratelimit-"+name+"-limit", itoa(limit))
+				h.Set("anthropic-ratelimit-"+name+"-remaining", itoa(anthropicRemaining(remaining, limit, cfg)))
+				h.Set("anthropic-ratelimit-"+name+"-reset", at(reset))
+			}
+		}
+		triplet("tokens", q.tokLimit, q.tokRemaining, q.tokReset)
+		if cfg.AnthropicHeaders != AnthropicHeadersTokens {
+			triplet("input-tokens", q.inLimit, q.inRemaining, q.inReset)
+			triplet("output-tokens", q.outLimit, q.outRemaining, q.outReset)
 		}
 	case DialectAzure:
 		if q.reqLimit > 0 {
 			h.Set("x-ratelimit-remaining-requests", itoa(q.reqRemaining))
 		}
 		if q.tokLimit > 0 {
+			h.Set("x-ratelimit-limit-tokens", itoa(q.tokLimit))
 			h.Set("x-ratelimit-remaining-tokens", itoa(q.tokRemaining))
+			h.Set("x-ratelimit-reset-tokens", itoa(ceilSeconds(q.tokReset)))
 		}
 	case DialectClassic:
 		if q.reqLimit > 0 {
@@ -172,7 +194,8 @@ func setRetryAfter(h http.Header, cfg Config, now time.Time, wait time.Duration)
 //     Operation ... Please retry after N seconds. ..."}}.
 //   - ietf, ietf-legacy: Retry-After and an application/problem+json body of
 //     the draft's quota-exceeded problem type with violated-policies.
-func writeThrottled(w http.ResponseWriter, model string, requested int64, a admission) {
+func writeThrottled(w http.ResponseWriter, model string, a admission) {
+	requested := a.requested
 	cfg, h := a.cfg, w.Header()
 	unit := map[string]string{"requests": "RPM", "tokens": "TPM"}[a.dimension]
 	if model == "" {
@@ -196,8 +219,8 @@ func writeThrottled(w http.ResponseWriter, model string, requested int64, a admi
 		msg := fmt.Sprintf("This request would exceed your organization's rate limit of %d %s per minute. "+
 			"For details, refer to the rate limits documentation.", a.limit, a.dimension)
 		if a.neverFits {
-			msg = fmt.Sprintf("This request (%d tokens) exceeds your organization's rate limit of %d tokens per minute "+
-				"and can never be served; reduce the prompt or max_tokens.", requested, a.limit)
+			msg = fmt.Sprintf("This request (%d %s) exceeds your organization's rate limit of %d %s per minute "+
+				"and can never be served; reduce the prompt or max_tokens.", requested, a.dimension, a.limit, a.dimension)
 		}
 		writeJSON(w, http.StatusTooManyRequests, anthropicError("rate_limit_error", msg))
 	case DialectAzure:

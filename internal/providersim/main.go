@@ -24,9 +24,10 @@ const shutdownGrace = 10 * time.Second
 // tests), and serves until ctx is done, then shuts down gracefully (up to
 // 10 s for in-flight responses). Flags (each sets the Config field of the
 // same meaning): --addr, --tokens-per-minute, --requests-per-minute,
-// --latency, --output-tokens, --frame-interval, --dialect (Dialect),
+// --input-tokens-per-minute, --output-tokens-per-minute, --latency, --output-tokens, --frame-interval, --dialect (Dialect),
 // --window (Window), --sub-window (SubWindow), --classic-reset
 // (ClassicResetForm), --anthropic-remaining-step (AnthropicRemainingStep),
+// --anthropic-headers (AnthropicHeaders),
 // --retry-after-http-date (RetryAfterHTTPDate). It returns flag,
 // configuration, listen and serve errors; flag.ErrHelp for -h.
 func Main(ctx context.Context, args []string, out io.Writer) error {
@@ -45,6 +46,8 @@ func parseFlags(args []string, out io.Writer) (Config, string, error) {
 	addr := fs.String("addr", DefaultAddr, "listen address")
 	fs.Int64Var(&cfg.TokensPerMinute, "tokens-per-minute", 0, "tokens quota per minute (0 = unlimited)")
 	fs.Int64Var(&cfg.RequestsPerMinute, "requests-per-minute", 0, "requests quota per minute (0 = unlimited)")
+	fs.Int64Var(&cfg.InputTokensPerMinute, "input-tokens-per-minute", 0, "anthropic: input tokens quota per minute, ITPM (0 = unlimited)")
+	fs.Int64Var(&cfg.OutputTokensPerMinute, "output-tokens-per-minute", 0, "anthropic: output tokens quota per minute, OTPM, charged max_tokens then refunded (0 = unlimited)")
 	fs.DurationVar(&cfg.Latency, "latency", 0, "delay before the first byte of a response")
 	fs.Int64Var(&cfg.OutputTokens, "output-tokens", DefaultOutputTokens, "tokens generated per response (capped by max_completion_tokens / max_tokens)")
 	fs.DurationVar(&cfg.FrameInterval, "frame-interval", 0, "delay between streamed frames")
@@ -52,7 +55,8 @@ func parseFlags(args []string, out io.Writer) (Config, string, error) {
 	fs.DurationVar(&cfg.Window, "window", 0, "fixed window of the classic, ietf and ietf-legacy dialects, whole seconds <= 60s (0 = 60s)")
 	fs.DurationVar(&cfg.SubWindow, "sub-window", 0, "azure: also enforce the per-minute limits per sub-window of this length, e.g. 10s or 1s (0 = off)")
 	fs.StringVar(&cfg.ClassicResetForm, "classic-reset", ClassicResetDelta, "classic X-RateLimit-Reset form: delta, epoch or epochms")
-	fs.Int64Var(&cfg.AnthropicRemainingStep, "anthropic-remaining-step", DefaultAnthropicRemainingStep, "anthropic: tokens remaining rounded down to a multiple of this (1 = exact)")
+	fs.Int64Var(&cfg.AnthropicRemainingStep, "anthropic-remaining-step", DefaultAnthropicRemainingStep, "anthropic: tokens remaining rounded to a multiple of this (nearest with inout headers, down with tokens; 1 = exact)")
+	fs.StringVar(&cfg.AnthropicHeaders, "anthropic-headers", AnthropicHeadersInOut, "anthropic token headers: inout (input-tokens, output-tokens and, with --tokens-per-minute, tokens triplets, remaining rounded to nearest) or tokens (tokens triplet only, rounded down)")
 	fs.BoolVar(&cfg.RetryAfterHTTPDate, "retry-after-http-date", false, "send Retry-After on 429 as an HTTP-date instead of delay-seconds (not azure)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err

@@ -9,6 +9,8 @@
 // prompt + max output tokens (OpenAI reserves max_tokens up front); if either
 // bucket is short the request is answered 429 and charged nothing. After the
 // response is generated the unused part of the output reservation is refunded.
+// In the Anthropic dialect, separate input and output buckets (ITPM, OTPM)
+// can be enforced too, charged the prompt and the max output tokens.
 // Every chat completion response carries the rate-limit headers of the
 // configured dialect (Config.Dialect; the provider header reference,
 // provider-headers.md, describes each): OpenAI, Anthropic, Azure OpenAI,
@@ -42,12 +44,15 @@ const (
 	// DialectOpenAI emits x-ratelimit-{limit,remaining,reset}-{requests,tokens}
 	// with Go-style durations and OpenAI error bodies.
 	DialectOpenAI = "openai"
-	// DialectAnthropic emits anthropic-ratelimit-{requests,tokens}-{limit,
-	// remaining,reset} with RFC 3339 resets and tokens remaining rounded down
-	// to Config.AnthropicRemainingStep, and Anthropic error bodies.
+	// DialectAnthropic emits anthropic-ratelimit-*-{limit,remaining,reset}
+	// triplets with RFC 3339 resets (which triplets, and the rounding of
+	// tokens remaining, per Config.AnthropicHeaders), enforces
+	// Config.InputTokensPerMinute and Config.OutputTokensPerMinute, and
+	// sends Anthropic error bodies.
 	DialectAnthropic = "anthropic"
-	// DialectAzure emits x-ratelimit-remaining-{requests,tokens} only (no
-	// limit, no reset), 429s with retry-after, retry-after-ms and
+	// DialectAzure emits x-ratelimit-remaining-{requests,tokens},
+	// x-ratelimit-limit-tokens and x-ratelimit-reset-tokens (integer
+	// seconds), 429s with retry-after, retry-after-ms and
 	// x-ms-retry-after-ms, and enforces Config.SubWindow.
 	DialectAzure = "azure"
 	// DialectClassic emits X-RateLimit-{Limit,Remaining,Reset} for the
@@ -83,6 +88,27 @@ const (
 // rounded to the nearest thousand").
 const DefaultAnthropicRemainingStep = 1000
 
+// Modes of the Anthropic dialect's token headers (Config.AnthropicHeaders).
+const (
+	// AnthropicHeadersInOut (the default) is Anthropic's documented form
+	// (provider-headers.md, Anthropic): the anthropic-ratelimit-input-tokens-*
+	// triplet for the InputTokensPerMinute bucket and the
+	// anthropic-ratelimit-output-tokens-* triplet for the
+	// OutputTokensPerMinute bucket, each sent when that limit is set, with
+	// remaining rounded to the NEAREST multiple of AnthropicRemainingStep
+	// (ties up) and capped at the limit, so it can exceed what is really left
+	// (600 reads 1000); plus the anthropic-ratelimit-tokens-* triplet, the
+	// "most restrictive limit in effect", for the TokensPerMinute bucket
+	// when that limit is set, rounded the same way.
+	AnthropicHeadersInOut = "inout"
+	// AnthropicHeadersTokens is the simplified form: the
+	// anthropic-ratelimit-tokens-* triplet only (for the TokensPerMinute
+	// bucket), remaining rounded DOWN to a multiple of
+	// AnthropicRemainingStep, so it never exceeds the truth. Input and
+	// output limits, if set, are enforced but not described.
+	AnthropicHeadersTokens = "tokens"
+)
+
 const (
 	// DefaultMaxOutputTokens is the output reservation, in tokens, for a request
 	// that sets neither max_completion_tokens nor max_tokens.
@@ -107,6 +133,20 @@ type Config struct {
 	// requests, refilled at RequestsPerMinute/60 per second. 0 = unlimited, and
 	// the request headers are omitted.
 	RequestsPerMinute int64
+	// InputTokensPerMinute is Anthropic's input tokens quota (ITPM, dialect
+	// anthropic only): a bucket of this capacity in tokens, refilled at
+	// InputTokensPerMinute/60 tokens per second, charged the prompt tokens on
+	// receipt. 0 = unlimited. It is enforced beside TokensPerMinute (if
+	// set), which then acts as a further combined limit.
+	InputTokensPerMinute int64
+	// OutputTokensPerMinute is Anthropic's output tokens quota (OTPM,
+	// dialect anthropic only): a bucket of this capacity in tokens, refilled
+	// at OutputTokensPerMinute/60 tokens per second, charged the max output
+	// tokens on receipt, the unused part refunded at the end of the response
+	// (provider-headers.md, Anthropic: "OTPM rate limits are estimated based
+	// on max_tokens at the beginning of each request, and the estimate is
+	// adjusted at the end of the request"). 0 = unlimited.
+	OutputTokensPerMinute int64
 	// Latency is the delay between admission and the first byte of the response.
 	Latency time.Duration
 	// OutputTokens is the number of tokens generated per response, capped by
@@ -141,10 +181,13 @@ type Config struct {
 	// ClassicResetEpochMillis.
 	ClassicResetForm string
 	// AnthropicRemainingStep is the step, in tokens, that the Anthropic
-	// dialect rounds the tokens remaining down to (down, never up, so the
-	// header never promises tokens that are not there). 0 means
-	// DefaultAnthropicRemainingStep; 1 reports exact values.
+	// dialect rounds the tokens remaining to: to the nearest multiple in
+	// the AnthropicHeadersInOut mode, down in the AnthropicHeadersTokens
+	// mode. 0 means DefaultAnthropicRemainingStep; 1 reports exact values.
 	AnthropicRemainingStep int64
+	// AnthropicHeaders selects the Anthropic dialect's token headers:
+	// AnthropicHeadersInOut ("" is the same) or AnthropicHeadersTokens.
+	AnthropicHeaders string
 	// RetryAfterHTTPDate sends Retry-After on 429s as an RFC 9110
 	// IMF-fixdate (the wait rounded up to whole seconds after now) instead of
 	// delay-seconds, in every dialect but azure (whose retry-after is seconds
@@ -173,6 +216,16 @@ func (c Config) Validate() error {
 		return errors.New("providersim: sub-window must be in [1ms, 60s] (0 = off)")
 	case c.AnthropicRemainingStep < 0:
 		return errors.New("providersim: anthropic remaining step must be >= 0")
+	case c.InputTokensPerMinute < 0, c.OutputTokensPerMinute < 0:
+		return errors.New("providersim: input and output tokens limits must be >= 0 (0 = unlimited)")
+	case (c.InputTokensPerMinute > 0 || c.OutputTokensPerMinute > 0) && c.dialect() != DialectAnthropic:
+		return errors.New("providersim: input and output tokens limits are for the anthropic dialect only")
+	}
+	switch c.AnthropicHeaders {
+	case "", AnthropicHeadersInOut, AnthropicHeadersTokens:
+	default:
+		return fmt.Errorf("providersim: anthropic headers %q (want %q or %q)", c.AnthropicHeaders,
+			AnthropicHeadersInOut, AnthropicHeadersTokens)
 	}
 	switch c.ClassicResetForm {
 	case "", ClassicResetDelta, ClassicResetEpoch, ClassicResetEpochMillis:
@@ -220,22 +273,41 @@ func perWindow(limit int64, w time.Duration) int64 {
 	return max(1, int64(float64(limit)*w.Seconds()/60))
 }
 
+// meterSet is every quota meter of a Server; an unused one is unlimited.
+type meterSet struct {
+	requests bucket // requests per minute (per window in fixed-window dialects)
+	tokens   bucket // tokens per minute (per window in fixed-window dialects)
+	// subRequests and subTokens are Azure's sub-window counters (unlimited
+	// unless Config.SubWindow is set in the azure dialect).
+	subRequests, subTokens bucket
+	// input and output are Anthropic's ITPM and OTPM buckets.
+	input, output bucket
+}
+
+// all lists the meters, for operations on every one.
+func (m *meterSet) all() []*bucket {
+	return []*bucket{&m.requests, &m.tokens, &m.subRequests, &m.subTokens, &m.input, &m.output}
+}
+
 // meters builds the quota meters of cfg at now, full: the requests and
-// tokens buckets (fixed windows in the classic and IETF dialects) and, for
-// Azure with a SubWindow, the sub-window counters (unlimited otherwise).
-func meters(cfg Config, now time.Time) (requests, tokens, subRequests, subTokens bucket) {
+// tokens buckets (fixed windows in the classic and IETF dialects), for
+// Azure with a SubWindow the sub-window counters, and Anthropic's input and
+// output buckets (unlimited otherwise).
+func meters(cfg Config, now time.Time) (m meterSet) {
 	if w := cfg.fixedWindow(); w > 0 {
-		requests = newWindow(perWindow(cfg.RequestsPerMinute, w), w, now)
-		tokens = newWindow(perWindow(cfg.TokensPerMinute, w), w, now)
+		m.requests = newWindow(perWindow(cfg.RequestsPerMinute, w), w, now)
+		m.tokens = newWindow(perWindow(cfg.TokensPerMinute, w), w, now)
 	} else {
-		requests = newBucket(cfg.RequestsPerMinute, now)
-		tokens = newBucket(cfg.TokensPerMinute, now)
+		m.requests = newBucket(cfg.RequestsPerMinute, now)
+		m.tokens = newBucket(cfg.TokensPerMinute, now)
 	}
 	if cfg.dialect() == DialectAzure && cfg.SubWindow > 0 {
-		subRequests = newWindow(perWindow(cfg.RequestsPerMinute, cfg.SubWindow), cfg.SubWindow, now)
-		subTokens = newWindow(perWindow(cfg.TokensPerMinute, cfg.SubWindow), cfg.SubWindow, now)
+		m.subRequests = newWindow(perWindow(cfg.RequestsPerMinute, cfg.SubWindow), cfg.SubWindow, now)
+		m.subTokens = newWindow(perWindow(cfg.TokensPerMinute, cfg.SubWindow), cfg.SubWindow, now)
 	}
-	return
+	m.input = newBucket(cfg.InputTokensPerMinute, now)
+	m.output = newBucket(cfg.OutputTokensPerMinute, now)
+	return m
 }
 
 // Stats are the simulator's counters since New. Counts are requests; token
@@ -254,6 +326,15 @@ type Stats struct {
 	// MaxConcurrent is the largest number of chat completion requests in
 	// flight at once (from receipt to the end of the response).
 	MaxConcurrent int64 `json:"max_concurrent"`
+	// FirstExhausted is when the quota first ran short (server clock): the
+	// first 429, or the first admission after which some limited meter held
+	// less than that request's charge in it (an identical request would have
+	// been refused right then), whichever came first; zero until then. A
+	// client that bursts from the initially full buckets has used up the
+	// burst by this time, so steady-state measurements start after it.
+	FirstExhausted time.Time `json:"first_exhausted,omitzero"`
+	// LastExhausted is the latest such time; zero until the first.
+	LastExhausted time.Time `json:"last_exhausted,omitzero"`
 }
 
 // Server is the simulated provider, an http.Handler. Safe for concurrent use.
@@ -262,15 +343,11 @@ type Server struct {
 	clock clock.Clock
 	seq   atomic.Int64
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	meterSet
 	cfg      Config
-	requests bucket // requests per minute (per window in fixed-window dialects)
-	tokens   bucket // tokens per minute (per window in fixed-window dialects)
-	// subRequests and subTokens are Azure's sub-window counters (unlimited
-	// unless Config.SubWindow is set in the azure dialect).
-	subRequests, subTokens bucket
-	stats                  Stats
-	inflight               int64
+	stats    Stats
+	inflight int64
 }
 
 // New returns a Server with full buckets. It panics if cfg.Validate fails
@@ -284,7 +361,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{clock: cfg.Clock, cfg: cfg}
 	now := s.clock.Now()
-	s.requests, s.tokens, s.subRequests, s.subTokens = meters(cfg, now)
+	s.meterSet = meters(cfg, now)
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
@@ -323,13 +400,42 @@ func (s *Server) SetConfig(cfg Config) error {
 		}
 		*b = nb
 	}
-	r, t, sr, st := meters(cfg, now)
-	rebuild(&s.requests, r)
-	rebuild(&s.tokens, t)
-	rebuild(&s.subRequests, sr)
-	rebuild(&s.subTokens, st)
+	nm := meters(cfg, now)
+	for i, b := range s.meterSet.all() {
+		rebuild(b, *nm.all()[i])
+	}
 	s.cfg = cfg
 	return nil
+}
+
+// Level is one limited quota meter's state (Server.Levels).
+type Level struct {
+	// Level is the units available now (requests or tokens, fractional).
+	Level float64
+	// Limit is the capacity: the per-minute limit, or the per-window limit
+	// of a fixed window or Azure sub-window.
+	Limit float64
+	// Window is the fixed window or sub-window length; 0 for a continuously
+	// replenished bucket.
+	Window time.Duration
+}
+
+// Levels returns every limited meter at the server clock's now, by name:
+// "requests", "tokens", "input_tokens", "output_tokens", "sub_requests",
+// "sub_tokens". For load tests that must know when the initial burst has
+// been spent.
+func (s *Server) Levels() map[string]Level {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance(s.clock.Now())
+	m := map[string]Level{}
+	for name, b := range map[string]*bucket{"requests": &s.requests, "tokens": &s.tokens, "input_tokens": &s.input,
+		"output_tokens": &s.output, "sub_requests": &s.subRequests, "sub_tokens": &s.subTokens} {
+		if !b.unlimited() {
+			m[name] = Level{Level: b.level, Limit: b.limit, Window: b.window}
+		}
+	}
+	return m
 }
 
 // Stats returns a snapshot of the counters.
@@ -355,21 +461,27 @@ type chatRequest struct {
 	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
 }
 
-// quota is a snapshot of both buckets for the rate-limit headers.
+// quota is a snapshot of the described meters for the rate-limit headers.
 type quota struct {
 	now                    time.Time // when the snapshot was taken
 	reqLimit, reqRemaining int64
 	reqReset               time.Duration
 	tokLimit, tokRemaining int64
 	tokReset               time.Duration
+	inLimit, inRemaining   int64 // Anthropic ITPM
+	inReset                time.Duration
+	outLimit, outRemaining int64 // Anthropic OTPM
+	outReset               time.Duration
 }
 
-// snapshot reads both buckets; callers hold s.mu and have advanced them.
+// snapshot reads the meters; callers hold s.mu and have advanced them.
 func (s *Server) snapshot() quota {
 	return quota{
 		now:      s.clock.Now(),
 		reqLimit: int64(s.requests.limit), reqRemaining: s.requests.remaining(), reqReset: s.requests.resetIn(),
 		tokLimit: int64(s.tokens.limit), tokRemaining: s.tokens.remaining(), tokReset: s.tokens.resetIn(),
+		inLimit: int64(s.input.limit), inRemaining: s.input.remaining(), inReset: s.input.resetIn(),
+		outLimit: int64(s.output.limit), outRemaining: s.output.remaining(), outReset: s.output.resetIn(),
 	}
 }
 
@@ -379,14 +491,17 @@ type admission struct {
 	cfg Config
 	// Set when throttled:
 	throttled   bool
-	dimension   string        // "requests" or "tokens"
+	dimension   string        // "requests", "tokens", "input tokens" or "output tokens"
 	wait        time.Duration // until enough refills
 	neverFits   bool          // the charge exceeds the bucket capacity
 	limit, used int64         // of the tripped dimension
+	requested   int64         // the charge in the tripped dimension
 }
 
-// admit charges 1 request and prompt+maxOut tokens, or charges nothing and
-// reports the dimension that is short (the one with the longer wait).
+// admit charges 1 request and prompt+maxOut tokens (prompt input tokens
+// and maxOut output tokens in Anthropic's ITPM and OTPM buckets), or
+// charges nothing and reports the dimension that is short (the one with the
+// longest wait; one whose charge exceeds its capacity first).
 func (s *Server) admit(prompt, maxOut int64) admission {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -394,52 +509,81 @@ func (s *Server) admit(prompt, maxOut int64) admission {
 	s.advance(now)
 	a := admission{cfg: s.cfg}
 	charge := float64(prompt + maxOut)
-	rw, _ := s.requests.wait(1) // capacity >= 1 whenever limited
-	tw, tokOK := s.tokens.wait(charge)
-	srw, _ := s.subRequests.wait(1)
-	stw, subOK := s.subTokens.wait(charge)
-	rw, tw, tokOK = max(rw, srw), max(tw, stw), tokOK && subOK
-	switch {
-	case !tokOK:
-		a.throttled, a.neverFits, a.dimension = true, true, "tokens"
-	case tw > 0 && tw > rw:
-		a.throttled, a.dimension, a.wait = true, "tokens", tw
-	case rw > 0:
-		a.throttled, a.dimension, a.wait = true, "requests", rw
+	type need struct {
+		b         []*bucket // the meters of the dimension
+		n         float64   // the charge in each
+		dimension string
+	}
+	needs := []need{ // a tie of waits goes to the first
+		{[]*bucket{&s.requests, &s.subRequests}, 1, "requests"},
+		{[]*bucket{&s.tokens, &s.subTokens}, charge, "tokens"},
+		{[]*bucket{&s.input}, float64(prompt), "input tokens"},
+		{[]*bucket{&s.output}, float64(maxOut), "output tokens"},
+	}
+	var report *bucket // the per-minute meter of the tripped dimension
+	for _, nd := range needs {
+		for _, b := range nd.b {
+			w, ok := b.wait(nd.n)
+			switch {
+			case !ok && !a.neverFits:
+				a.throttled, a.neverFits, a.dimension, a.wait, report = true, true, nd.dimension, 0, nd.b[0]
+				a.requested = int64(nd.n)
+			case ok && w > a.wait && !a.neverFits:
+				a.throttled, a.dimension, a.wait, report = true, nd.dimension, w, nd.b[0]
+				a.requested = int64(nd.n)
+			}
+		}
 	}
 	if a.throttled {
-		b := &s.tokens
-		if a.dimension == "requests" {
-			b = &s.requests
-		}
-		a.limit, a.used = int64(b.limit), int64(b.limit)-b.remaining()
+		a.limit, a.used = int64(report.limit), int64(report.limit)-report.remaining()
 		s.stats.Throttled++
+		s.exhausted(now)
 	} else {
-		s.requests.take(1)
-		s.tokens.take(charge)
-		s.subRequests.take(1)
-		s.subTokens.take(charge)
+		short := false
+		for _, nd := range needs {
+			for _, b := range nd.b {
+				b.take(nd.n)
+				if w, _ := b.wait(nd.n); w > 0 {
+					short = true
+				}
+			}
+		}
+		if short {
+			s.exhausted(now)
+		}
 		s.stats.PromptTokens += prompt
 	}
 	a.q = s.snapshot()
 	return a
 }
 
+// exhausted records Stats.FirstExhausted and LastExhausted; callers hold
+// s.mu.
+func (s *Server) exhausted(now time.Time) {
+	if s.stats.FirstExhausted.IsZero() {
+		s.stats.FirstExhausted = now
+	}
+	s.stats.LastExhausted = now
+}
+
 // advance brings every meter to now; callers hold s.mu.
 func (s *Server) advance(now time.Time) {
-	s.requests.advance(now)
-	s.tokens.advance(now)
-	s.subRequests.advance(now)
-	s.subTokens.advance(now)
+	for _, b := range s.meterSet.all() {
+		b.advance(now)
+	}
 }
 
 // finish refunds the unused output reservation (maxOut - generated tokens,
-// clamped at capacity) and records the outcome.
+// clamped at capacity) to the tokens and output buckets and records the
+// outcome.
 func (s *Server) finish(maxOut, generated int64, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tokens.advance(s.clock.Now())
-	s.tokens.give(float64(maxOut - generated))
+	now := s.clock.Now()
+	for _, b := range []*bucket{&s.tokens, &s.output} {
+		b.advance(now)
+		b.give(float64(maxOut - generated))
+	}
 	s.stats.CompletionTokens += generated
 	if ok {
 		s.stats.Succeeded++
@@ -480,7 +624,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	a := s.admit(prompt, maxOut)
 	writeQuotaHeaders(w.Header(), a.cfg, a.q)
 	if a.throttled {
-		writeThrottled(w, req.Model, prompt+maxOut, a)
+		writeThrottled(w, req.Model, a)
 		return
 	}
 

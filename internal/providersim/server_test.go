@@ -318,14 +318,14 @@ func TestConcurrentNeverOversubscribes(t *testing.T) {
 	}
 	st := s.Stats()
 	st.MaxConcurrent = 0 // scheduling-dependent
-	want := Stats{Requests: 40, Succeeded: 10, Throttled: 30, PromptTokens: 10 * helloPrompt, CompletionTokens: 920}
+	// The tenth admission leaves 0 tokens: the quota ran short at t0.
+	want := Stats{Requests: 40, Succeeded: 10, Throttled: 30, PromptTokens: 10 * helloPrompt, CompletionTokens: 920,
+		FirstExhausted: t0, LastExhausted: t0}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.tokens.level != 0 {
-		t.Errorf("tokens level %v, want 0", s.tokens.level)
+	if diff := cmp.Diff(map[string]Level{"tokens": {Level: 0, Limit: 1000}}, s.Levels()); diff != "" {
+		t.Errorf("levels (-want +got):\n%s", diff)
 	}
 }
 
@@ -590,6 +590,13 @@ func TestValidate(t *testing.T) {
 		{Config{Window: 2 * time.Minute}, false},
 		{Config{SubWindow: -time.Second}, false},
 		{Config{AnthropicRemainingStep: -1}, false},
+		{Config{Dialect: "anthropic", InputTokensPerMinute: 1000, OutputTokensPerMinute: 1000, AnthropicHeaders: "tokens"}, true},
+		{Config{Dialect: "anthropic", AnthropicHeaders: "inout"}, true},
+		{Config{Dialect: "anthropic", AnthropicHeaders: "both"}, false},
+		{Config{Dialect: "anthropic", InputTokensPerMinute: -1}, false},
+		{Config{Dialect: "anthropic", OutputTokensPerMinute: -1}, false},
+		{Config{InputTokensPerMinute: 1000}, false},
+		{Config{Dialect: "azure", OutputTokensPerMinute: 1000}, false},
 		{Config{TokensPerMinute: -1}, false},
 		{Config{Latency: -time.Second}, false},
 		{Config{OutputTokens: -1}, false},

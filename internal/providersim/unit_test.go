@@ -169,7 +169,8 @@ func TestParseFlags(t *testing.T) {
 	cfg, addr, err := parseFlags([]string{"--addr", "127.0.0.1:0", "--dialect", "classic", "--window", "10s",
 		"--classic-reset", "epochms", "--requests-per-minute", "600", "--retry-after-http-date"}, io.Discard)
 	want := Config{Dialect: DialectClassic, Window: 10 * time.Second, ClassicResetForm: ClassicResetEpochMillis,
-		RequestsPerMinute: 600, RetryAfterHTTPDate: true, OutputTokens: DefaultOutputTokens, AnthropicRemainingStep: DefaultAnthropicRemainingStep}
+		RequestsPerMinute: 600, RetryAfterHTTPDate: true, OutputTokens: DefaultOutputTokens, AnthropicRemainingStep: DefaultAnthropicRemainingStep,
+		AnthropicHeaders: AnthropicHeadersInOut}
 	if err != nil || addr != "127.0.0.1:0" || !cmp.Equal(cfg, want, cmpopts.IgnoreFields(Config{}, "Clock")) {
 		t.Errorf("classic: %v %q %s", err, addr, cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "Clock")))
 	}
@@ -180,5 +181,19 @@ func TestParseFlags(t *testing.T) {
 	cfg, _, err = parseFlags([]string{"--dialect", "anthropic", "--anthropic-remaining-step", "1"}, io.Discard)
 	if err != nil || cfg.Dialect != DialectAnthropic || cfg.AnthropicRemainingStep != 1 {
 		t.Errorf("anthropic: %v %+v", err, cfg)
+	}
+	cfg, _, err = parseFlags([]string{"--dialect", "anthropic", "--input-tokens-per-minute", "24000",
+		"--output-tokens-per-minute", "9000", "--anthropic-headers", "tokens"}, io.Discard)
+	if err != nil || cfg.InputTokensPerMinute != 24000 || cfg.OutputTokensPerMinute != 9000 || cfg.AnthropicHeaders != AnthropicHeadersTokens {
+		t.Errorf("anthropic in/out: %v %+v", err, cfg)
+	}
+	for _, args := range [][]string{
+		{"--dialect", "openai", "--input-tokens-per-minute", "1000"},
+		{"--dialect", "anthropic", "--output-tokens-per-minute", "-1"},
+		{"--dialect", "anthropic", "--anthropic-headers", "both"},
+	} {
+		if _, _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("%q: no error", args)
+		}
 	}
 }

@@ -21,9 +21,20 @@
 //     quota), whatever the responses say; a refused request is simply
 //     sent again at a later tick.
 //
-// Measured in steady state, after a warm-up (Warmup, 5 s, then up to the
-// next window or sub-window boundary for the fixed-window dialects and
-// Azure, so the measurement covers whole windows) over Measure (20 s):
+// Measured in steady state over Measure (20 s), after a warm-up that ends
+// on an event rather than after a fixed time (a loaded machine drains the
+// initially full buckets slowly, and a burst inside the measurement would
+// read as over 100%): the simulator's quota first runs short
+// (providersim.Stats.FirstExhausted); where fixed windows or sub-windows
+// bind, that is enough; for continuous buckets, Settle (1 s) later, the
+// quota runs short again (Stats.LastExhausted) or some bucket holds at most
+// 5% of what it refills over the measurement (Server.Levels), so the
+// measurement starts with no surplus in the buckets;
+// the pacer, which never bursts, after Warmup (5 s). The run
+// fails if the warm-up has not ended after MaxWarmup (45 s; the gateway
+// took 5-28 s to drain anthropic-tokens' bucket in our runs). The
+// measurement then starts at the next window or sub-window boundary for the
+// fixed-window dialects and Azure, so it covers whole windows:
 //
 //   - utilisation: the quota units (tokens, or requests in the classic and
 //     ietf-legacy dialects, whose headers count requests) the simulator
@@ -35,10 +46,25 @@
 // Every request costs exactly 100 tokens (40 prompt + 60 max_tokens, all
 // generated, so nothing is refunded), and the simulator answers after 20 ms.
 // The quotas: 60,000 TPM (1,000 tokens/s, 10 requests/s) and 1,200 RPM for
-// the token-counting dialects; 600 RPM for classic and ietf-legacy; 5 s fixed
-// windows for classic, ietf and ietf-legacy; 10 s sub-windows for Azure.
+// openai, azure, ietf and anthropic-tokens; for anthropic, separate input
+// and output buckets of 24,000 ITPM and 36,000 OTPM (both binding at 10
+// requests/s; the simulator's default Anthropic headers: input-tokens and
+// output-tokens triplets, remaining rounded to the nearest thousand);
+// anthropic-tokens has one bucket described by the tokens triplet only,
+// rounded down. anthropic-refund sends max_tokens 200 for 20 generated
+// tokens (180 refunded per request) against 24,000 ITPM and 12,000 OTPM
+// (10 requests/s: 400 input and 200 net output tokens per second); its
+// utilisation counts the tokens finally billed (60 per request). 600 RPM for
+// classic and ietf-legacy; 5 s fixed windows for classic, ietf and
+// ietf-legacy; 10 s sub-windows for Azure.
 //
-// Run: go test -run '^$' -bench Goodput -benchtime 1x ./test/goodput/
-// (about 9 minutes: 18 runs of 25-35 s). TestGoodputGateway is the short
-// assertion that `make test` runs (about 20 s).
+// TestGoodputGateway asserts, per scenario, no 429 in the measurement and
+// a utilisation within [90%, 105%]; it skips the scenarios marked with a
+// known issue of the gateway (anthropic, anthropic-refund: see
+// anthropicInOutIssue) unless GOODPUT_KNOWN_ISSUES=1.
+//
+// Run: go test -run '^$' -bench Goodput -benchtime 1x -timeout 30m ./test/goodput/
+// (about 12 minutes: 24 runs of 25-40 s). TestGoodputGateway is the short
+// assertion that `make test-goodput` runs (all scenarios at once, about
+// 15-45 s).
 package goodput

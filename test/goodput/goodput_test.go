@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,10 +28,16 @@ import (
 
 const (
 	model = "gpt-4o-mini"
-	// promptTokens + maxTokens is the charge of every request, in tokens.
+	// promptTokens + maxTokens is the charge of every request, in tokens
+	// (but in the anthropic-refund scenario, whose max_tokens is
+	// refundMaxTokens).
 	promptTokens = 40
 	maxTokens    = 60
-	charge       = promptTokens + maxTokens
+	// refundMaxTokens and refundOutputTokens are the anthropic-refund
+	// scenario's max_tokens and generated tokens: 180 of the 200 reserved
+	// output tokens are refunded at the end of every response.
+	refundMaxTokens    = 200
+	refundOutputTokens = 20
 	// latency is the simulator's delay before answering.
 	latency = 20 * time.Millisecond
 	// concurrency is the gateway's upstream concurrency and the naive
@@ -39,28 +46,68 @@ const (
 	// backlog is the number of requests to drain: more than any client can
 	// finish in a run (the initial burst of a full minute bucket is 600).
 	backlog = 3000
-	// Warmup is excluded from the figures; Measure is the steady-state window.
+	// Warmup is the pacer's warm-up (it never bursts, so a fixed time
+	// will do); Measure is the benchmark's steady-state window.
 	Warmup  = 5 * time.Second
 	Measure = 20 * time.Second
+	// MaxWarmup bounds the warm-up of the clients that burst: the run
+	// fails if the simulator's quota has not run short by then.
+	MaxWarmup = 45 * time.Second
+	// Settle follows the first shortage; the measurement starts at the
+	// next shortage after it (then up to the window boundary): the
+	// responses in flight at the first end within the simulator's latency
+	// and refund their unused output reservation, up to concurrency x 180
+	// tokens in the anthropic-refund scenario, which the client then spends.
+	Settle = time.Second
 )
 
 // scenario is one dialect's simulator and quota.
 type scenario struct {
-	name     string
-	sim      providersim.Config
-	hint     string // the ProviderPool dialect hint (api/v1alpha1 Dialect)
-	requests bool   // utilisation counts requests (the dialect's headers count requests), else tokens
-	align    time.Duration
+	name      string
+	sim       providersim.Config
+	hint      string // the ProviderPool dialect hint (api/v1alpha1 Dialect)
+	requests  bool   // utilisation counts requests (the dialect's headers count requests), else tokens
+	align     time.Duration
+	maxTokens int64 // the requests' max_tokens
+	// knownIssue, when set, is why TestGoodputGateway skips the scenario
+	// (the benchmark still runs it).
+	knownIssue string
 }
 
-// scenarios are the six dialects with the quotas of the package doc.
+// anthropicInOutIssue is why TestGoodputGateway skips the Anthropic
+// scenarios with separate input and output buckets.
+const anthropicInOutIssue = "the adaptive throttle (internal/throttle) folds Anthropic's input-tokens and " +
+	"output-tokens triplets into one tokens dimension whose figure alternates between their sum " +
+	"(limit ITPM+OTPM) and the exhausted output bucket alone (limit OTPM, remaining 0, reset ~60 s): " +
+	"bursts, then stalls of several seconds, utilisation 0-96% and some 429s"
+
+// scenarios are the six dialects with the quotas of the package doc;
+// Anthropic three times: separate input and output buckets (the default
+// headers), the same with max_tokens ten times the output (refunds), and
+// one tokens bucket with the tokens triplet only.
 func scenarios() []scenario {
 	tok := func(d string) providersim.Config {
 		return providersim.Config{Dialect: d, TokensPerMinute: 60000, RequestsPerMinute: 1200}
 	}
+	// Anthropic: separate input and output buckets, both binding at 10
+	// requests/s (40 input and 60 output tokens per request), described by
+	// the input-tokens and output-tokens triplets rounded to the nearest
+	// thousand (the default AnthropicHeadersInOut mode); no tokens triplet.
+	anth := providersim.Config{Dialect: providersim.DialectAnthropic, InputTokensPerMinute: 24000,
+		OutputTokensPerMinute: 36000, RequestsPerMinute: 1200}
+	// anthropic-refund: 200 output tokens reserved, 20 generated: 10
+	// requests/s is 400 input and 200 (net) output tokens per second.
+	anthRefund := providersim.Config{Dialect: providersim.DialectAnthropic, InputTokensPerMinute: 24000,
+		OutputTokensPerMinute: 12000, RequestsPerMinute: 1200}
+	// anthropic-tokens: one 60000 TPM bucket described by the tokens
+	// triplet only, rounded down (AnthropicHeadersTokens).
+	anthTokens := tok(providersim.DialectAnthropic)
+	anthTokens.AnthropicHeaders = providersim.AnthropicHeadersTokens
 	s := []scenario{
 		{name: providersim.DialectOpenAI, sim: tok(providersim.DialectOpenAI), hint: "OpenAI"},
-		{name: providersim.DialectAnthropic, sim: tok(providersim.DialectAnthropic), hint: "Anthropic"},
+		{name: providersim.DialectAnthropic, sim: anth, hint: "Anthropic", knownIssue: anthropicInOutIssue},
+		{name: "anthropic-refund", sim: anthRefund, hint: "Anthropic", maxTokens: refundMaxTokens, knownIssue: anthropicInOutIssue},
+		{name: "anthropic-tokens", sim: anthTokens, hint: "Anthropic"},
 		{name: providersim.DialectAzure, sim: tok(providersim.DialectAzure), hint: "Azure", align: 10 * time.Second},
 		{name: providersim.DialectClassic, sim: providersim.Config{Dialect: providersim.DialectClassic, RequestsPerMinute: 600},
 			hint: "Classic", requests: true, align: 5 * time.Second},
@@ -70,6 +117,11 @@ func scenarios() []scenario {
 	}
 	for i := range s {
 		s[i].sim.Latency, s[i].sim.OutputTokens = latency, maxTokens
+		if s[i].maxTokens == 0 {
+			s[i].maxTokens = maxTokens
+		} else {
+			s[i].sim.OutputTokens = refundOutputTokens
+		}
 		switch s[i].name {
 		case providersim.DialectAzure:
 			s[i].sim.SubWindow = 10 * time.Second
@@ -80,20 +132,31 @@ func scenarios() []scenario {
 	return s
 }
 
+// tokensPerMinute is the tokens quota: TokensPerMinute, or for Anthropic's
+// separate buckets ITPM + OTPM (the gateway's pool is configured with it).
+func (s scenario) tokensPerMinute() int64 {
+	if s.sim.TokensPerMinute > 0 {
+		return s.sim.TokensPerMinute
+	}
+	return s.sim.InputTokensPerMinute + s.sim.OutputTokensPerMinute
+}
+
 // perSecond is the binding quota in its unit (tokens or requests) per second.
 func (s scenario) perSecond() float64 {
 	if s.requests {
 		return float64(s.sim.RequestsPerMinute) / 60
 	}
-	return float64(s.sim.TokensPerMinute) / 60
+	return float64(s.tokensPerMinute()) / 60
 }
 
-// unit is one accepted request in the binding unit.
+// unit is one accepted request in the binding unit: 1 request, or the
+// tokens it finally costs (prompt and generated tokens, the unused output
+// reservation being refunded).
 func (s scenario) unit() float64 {
 	if s.requests {
 		return 1
 	}
-	return charge
+	return float64(promptTokens + min(s.sim.OutputTokens, s.maxTokens))
 }
 
 // interval is the fixed-rate pacer's period: one request per unit of quota.
@@ -157,18 +220,18 @@ type result struct {
 	accepted        int     // requests accepted in the measurement window
 	other           int     // responses neither 200 nor 429 in the window
 	from, to        time.Time
+	warmup          time.Duration // from the start to the measurement
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%-11s %-7s util %6.2f%%  429s %4d (warm-up %4d)  accepted %4d  other %d",
-		r.dialect, r.client, r.util, r.throttled, r.warmupThrottled, r.accepted, r.other)
+	return fmt.Sprintf("%-16s %-7s util %6.2f%%  429s %4d (warm-up %4d, %5.2fs)  accepted %4d  other %d",
+		r.dialect, r.client, r.util, r.throttled, r.warmupThrottled, r.warmup.Seconds(), r.accepted, r.other)
 }
 
-// window returns the measurement window of a run started at start: from the
-// end of the warm-up, aligned up to the scenario's window boundary, for
-// length.
-func (s scenario) window(start time.Time, length time.Duration) (from, to time.Time) {
-	from = start.Add(Warmup)
+// window returns the measurement window for a warm-up that ended at end:
+// from end aligned up to the scenario's window boundary, for length.
+func (s scenario) window(end time.Time, length time.Duration) (from, to time.Time) {
+	from = end
 	if s.align > 0 {
 		if tr := from.Truncate(s.align); tr.Before(from) {
 			from = tr.Add(s.align)
@@ -177,24 +240,113 @@ func (s scenario) window(start time.Time, length time.Duration) (from, to time.T
 	return from, from.Add(length)
 }
 
+// drained reports whether some continuously replenished meter holds at
+// most 5% of what it refills over length: the binding bucket's initial
+// content is spent, so the measurement cannot gain more than 5% from it.
+func drained(levels map[string]providersim.Level, length time.Duration) bool {
+	for _, l := range levels {
+		if l.Window == 0 && l.Level <= 0.05*l.Limit/60*length.Seconds() {
+			return true
+		}
+	}
+	return false
+}
+
 // client drains the backlog against the simulator at simURL until ctx ends.
 type client func(ctx context.Context, tb testing.TB, s scenario, simURL string)
 
-// run measures one client against a fresh simulator of the scenario.
-func run(tb testing.TB, s scenario, name string, c client, length time.Duration) result {
+// run measures one client against a fresh simulator of the scenario. The
+// warm-up ends on an event, not after a fixed time, once the simulator's
+// quota has first run short (providersim.Stats.FirstExhausted: the
+// initially full buckets have been spent, so the burst cannot land in the
+// measurement): at once when fixed windows bind (align > 0); for
+// continuous buckets Settle later, at the next shortage or as soon as a
+// bucket holds at most 5% of its refill over the measurement (drained),
+// so that a pause after the first shortage cannot leave a surplus to spend
+// in the measurement. For a paced client (which never bursts), after
+// Warmup. It fails if the warm-up has not ended within MaxWarmup. The
+// measurement then starts at the next window boundary of the scenario and
+// lasts length.
+func run(tb testing.TB, s scenario, name string, c client, paced bool, length time.Duration) result {
 	tb.Helper()
 	rec := &recorder{}
-	sim := httptest.NewServer(rec.wrap(providersim.New(s.sim)))
+	ps := providersim.New(s.sim)
+	sim := httptest.NewServer(rec.wrap(ps))
 	defer sim.Close()
 	start := time.Now()
-	from, to := s.window(start, length)
-	ctx, cancel := context.WithDeadline(context.Background(), to.Add(100*time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var (
+		from, to  time.Time
+		warmupErr error
+		done      = make(chan struct{})
+	)
+	go func() { // ends the run (cancel) at the end of the measurement
+		defer close(done)
+		defer cancel()
+		wait := func(until time.Time) bool {
+			t := time.NewTimer(time.Until(until))
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		end := start.Add(Warmup)
+		if !paced {
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			var settled time.Time
+			for {
+				st := ps.Stats()
+				if first := st.FirstExhausted; !first.IsZero() {
+					if s.align > 0 {
+						// Fixed windows (or Azure's sub-windows) bind:
+						// the measurement spans whole windows, whose
+						// limits cap it, so the first shortage will do.
+						end = first
+						break
+					}
+					if settled.IsZero() {
+						settled = first.Add(Settle)
+					}
+					if st.LastExhausted.After(settled) {
+						end = st.LastExhausted
+						break
+					}
+					if now := time.Now(); now.After(settled) && drained(ps.Levels(), length) {
+						end = now
+						break
+					}
+				}
+				if time.Since(start) > MaxWarmup {
+					warmupErr = fmt.Errorf("%s/%s: warm-up never ended: within %v the simulator's quota did not run short, "+
+						"or not again after %v with every bucket above 5%% of its refill over the measurement "+
+						"(stats %+v, levels %+v), so the initial burst cannot be told apart from the steady state",
+						s.name, name, MaxWarmup, Settle, st, ps.Levels())
+					return
+				}
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		from, to = s.window(end, length)
+		wait(to.Add(100 * time.Millisecond))
+	}()
 	c(ctx, tb, s, sim.URL)
 	<-ctx.Done()
+	<-done
+	if warmupErr != nil {
+		tb.Fatal(warmupErr)
+	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	r := result{dialect: s.name, client: name, from: from, to: to}
+	r := result{dialect: s.name, client: name, from: from, to: to, warmup: from.Sub(start)}
 	for _, e := range rec.events {
 		switch {
 		case e.at.Before(from):
@@ -219,9 +371,9 @@ func run(tb testing.TB, s scenario, name string, c client, length time.Duration)
 // and the reply priming).
 var content = strings.Repeat(" the", promptTokens-tokencount.MessageOverheadTokens-tokencount.ReplyPrimingTokens)
 
-func requestBody() []byte {
+func requestBody(s scenario) []byte {
 	b, _ := json.Marshal(map[string]any{
-		"model": model, "max_tokens": maxTokens,
+		"model": model, "max_tokens": s.maxTokens,
 		"messages": []map[string]string{{"role": "user", "content": content}},
 	})
 	return b
@@ -233,7 +385,7 @@ func gatewayClient(ctx context.Context, tb testing.TB, s scenario, simURL string
 	reg := registry.New(clock.RealClock{})
 	pool := registry.PoolPolicy{
 		Name: "goodput", BaseURL: simURL, Dialect: s.hint,
-		Models:          []registry.ModelPolicy{{Name: model, TokensPerMinute: s.sim.TokensPerMinute, RequestsPerMinute: s.sim.RequestsPerMinute}},
+		Models:          []registry.ModelPolicy{{Name: model, TokensPerMinute: s.tokensPerMinute(), RequestsPerMinute: s.sim.RequestsPerMinute}},
 		CostModel:       limiter.CostModel{InputWeight: 1, OutputWeight: 1},
 		MaxQueuedJobs:   backlog,
 		UpstreamTimeout: 30 * time.Second,
@@ -257,7 +409,7 @@ func gatewayClient(ctx context.Context, tb testing.TB, s scenario, simURL string
 		srv.Close()
 	}()
 
-	line, _ := json.Marshal(map[string]any{"endpoint": "/v1/chat/completions", "body": json.RawMessage(requestBody())})
+	line, _ := json.Marshal(map[string]any{"endpoint": "/v1/chat/completions", "body": json.RawMessage(requestBody(s))})
 	var upload bytes.Buffer
 	for range backlog {
 		upload.Write(line)
@@ -288,7 +440,7 @@ func naiveClient(ctx context.Context, tb testing.TB, s scenario, simURL string) 
 	params := openai.ChatCompletionNewParams{
 		Model:     model,
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(content)},
-		MaxTokens: openai.Int(maxTokens),
+		MaxTokens: openai.Int(s.maxTokens),
 	}
 	var left atomic.Int64
 	left.Store(backlog)
@@ -310,7 +462,7 @@ func naiveClient(ctx context.Context, tb testing.TB, s scenario, simURL string) 
 // pacerClient: one request per interval at the nominal limit, whatever the
 // answers; a refused request is sent again at a later tick.
 func pacerClient(ctx context.Context, tb testing.TB, s scenario, simURL string) {
-	body := requestBody()
+	body := requestBody(s)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer hc.CloseIdleConnections()
 	var left atomic.Int64
@@ -345,9 +497,10 @@ func pacerClient(ctx context.Context, tb testing.TB, s scenario, simURL string) 
 }
 
 var clients = []struct {
-	name string
-	c    client
-}{{"gateway", gatewayClient}, {"naive", naiveClient}, {"pacer", pacerClient}}
+	name  string
+	c     client
+	paced bool // never bursts: fixed Warmup
+}{{"gateway", gatewayClient, false}, {"naive", naiveClient, false}, {"pacer", pacerClient, true}}
 
 // BenchmarkGoodput runs every client against every dialect once per b.N
 // (use -benchtime 1x) and reports the steady-state utilisation ("util%") and
@@ -358,7 +511,7 @@ func BenchmarkGoodput(b *testing.B) {
 			b.Run("dialect="+s.name+"/client="+c.name, func(b *testing.B) {
 				var util, throttled, warm float64
 				for i := 0; i < b.N; i++ {
-					r := run(b, s, c.name, c.c, Measure)
+					r := run(b, s, c.name, c.c, c.paced, Measure)
 					b.Log(r)
 					util += r.util
 					throttled += float64(r.throttled)
@@ -374,29 +527,41 @@ func BenchmarkGoodput(b *testing.B) {
 }
 
 // TestGoodputGateway: in every dialect the simulator speaks, the gateway
-// drains a backlog with no upstream 429 after the warm-up and at least 90%
-// of the quota used (the dialects run in parallel, each against its own
-// simulator: about 25 s in all with -parallel 6; 5 s warm-up, then 10 s
-// measured from a window boundary, so that a fixed-window dialect's
-// measurement spans whole windows).
+// drains a backlog with no upstream 429 after the warm-up and between 90%
+// and 105% of the quota used (more than 100% means the initial burst
+// leaked into the measurement: the measurement is wrong). The scenarios run
+// at once, each against its own simulator, from goroutines (so -parallel
+// does not serialise them): the warm-up (see run: about 3-28 s, at most
+// MaxWarmup), up to the next window boundary, then 10 s measured, so that
+// a fixed-window dialect's measurement spans whole windows: about 15-45 s
+// in all. Scenarios with a knownIssue are skipped unless
+// GOODPUT_KNOWN_ISSUES=1.
 func TestGoodputGateway(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs about 25 s on the real clock")
+		t.Skip("runs 15-45 s on the real clock")
 	}
+	var wg sync.WaitGroup
 	for _, s := range scenarios() {
-		t.Run(s.name, func(t *testing.T) {
-			t.Parallel()
-			r := run(t, s, "gateway", gatewayClient, 10*time.Second)
-			t.Log(r)
-			if r.throttled != 0 {
-				t.Errorf("%d upstream 429s after the warm-up, want 0", r.throttled)
-			}
-			if r.util < 90 {
-				t.Errorf("utilisation %.2f%%, want >= 90%%", r.util)
-			}
-			if r.other != 0 {
-				t.Errorf("%d responses neither 200 nor 429", r.other)
-			}
-		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(s.name, func(t *testing.T) {
+				if s.knownIssue != "" && os.Getenv("GOODPUT_KNOWN_ISSUES") == "" {
+					t.Skip(s.knownIssue + " (GOODPUT_KNOWN_ISSUES=1 runs it)")
+				}
+				r := run(t, s, "gateway", gatewayClient, false, 10*time.Second)
+				t.Log(r)
+				if r.throttled != 0 {
+					t.Errorf("%d upstream 429s after the warm-up, want 0", r.throttled)
+				}
+				if r.util < 90 || r.util > 105 {
+					t.Errorf("utilisation %.2f%%, want within [90%%, 105%%]", r.util)
+				}
+				if r.other != 0 {
+					t.Errorf("%d responses neither 200 nor 429", r.other)
+				}
+			})
+		}()
 	}
+	wg.Wait()
 }
