@@ -33,7 +33,7 @@ type settleKind int
 const (
 	// settleUsage completes the reservation from the provider's usage
 	// (Known false keeps the charge, BC-28a) and tells the throttle the
-	// provider tokens used.
+	// prompt and output tokens used (the output refund, Anthropic OTPM).
 	settleUsage settleKind = iota
 	// settleRefund cancels the reservation (full refund, BC-22): the call
 	// failed before the provider processed it, or the provider answered an
@@ -53,7 +53,8 @@ const (
 // request_too_large, BC-10), the tenant's budget (a reservation of the
 // weighted cost, BC-20), its limiter (charge prompt + max output, seed 002
 // section 3), an upstream concurrency slot, the model's throttle with
-// priority p (batch priority for a call admitted over a soft limit). A
+// priority p (prompt to input tokens, max output to output tokens, their sum
+// to provider tokens: throttle.Throttle.TryStartCost) (batch priority for a call admitted over a soft limit). A
 // refusal after a charge gives it back in full (BC-22).
 //
 // For a DryRun tenant nothing of the tenant's own is refused: the budget
@@ -114,7 +115,9 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		// (TenantQuota enforcement Soft; seed 002 section 5).
 		p = throttle.Batch
 	}
-	permit, ok, wait := m.Throttle.TryStart(now, cost.ProviderTokens, p)
+	// The throttle charges the prompt to input tokens, max output to output
+	// tokens (Anthropic ITPM and OTPM) and their sum to provider tokens.
+	permit, ok, wait := m.Throttle.TryStartCost(now, throttle.Cost{Prompt: cost.PromptTokens, MaxOutput: cost.MaxOutputTokens}, p)
 	if !ok {
 		g.refunded(t, res.Cancel(now))
 		br.Settle(now, 0)
@@ -159,7 +162,7 @@ func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
 		switch kind {
 		case settleUsage:
 			s = c.res.Complete(now, u)
-			c.model.Throttle.Done(now, c.permit, u.PromptTokens+u.OutputTokens, u.Known)
+			c.model.Throttle.DoneTokens(now, c.permit, u.PromptTokens, u.OutputTokens, u.Known)
 		case settleRefund:
 			s = c.res.Cancel(now)
 			c.model.Throttle.Done(now, c.permit, 0, false)
@@ -218,6 +221,12 @@ func (g *Gateway) readQuota(now time.Time, m *registry.Model, resp *http.Respons
 	if q.Malformed > 0 {
 		g.metrics.UpstreamHeadersMalformed.WithLabelValues(m.Name).Add(float64(q.Malformed))
 	}
-	m.ObserveTokenLimit(q.Tokens.Limit)
+	if q.Tokens.Limit > 0 {
+		m.ObserveTokenLimit(q.Tokens.Limit)
+	} else if q.Input.Limit > 0 && q.Output.Limit > 0 {
+		// Anthropic without a tokens triplet: a call above ITPM + OTPM can
+		// never fit (provider header reference, Anthropic section).
+		m.ObserveTokenLimit(q.Input.Limit + q.Output.Limit)
+	}
 	return q
 }

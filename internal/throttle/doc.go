@@ -10,7 +10,10 @@
 //     the IETF draft-ietf-httpapi-ratelimit-headers structured fields
 //     (RateLimit / RateLimit-Policy, draft-10/11) and the older
 //     RateLimit-{Limit,Remaining,Reset} form (draft-03..06) — and keeps the
-//     most restrictive figure per dimension (provider tokens, requests).
+//     most restrictive figure per dimension (provider tokens, requests, and
+//     Anthropic's separate input tokens and output tokens: ITPM and OTPM,
+//     from the anthropic-ratelimit-{input,output}-tokens-* triplets, never
+//     summed into provider tokens).
 //     ParseHeadersDialect (and Throttle.ParseHeaders with Config.Dialect)
 //     restricts parsing to the ProviderPool's dialect hint, so that headers a
 //     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
@@ -33,6 +36,13 @@
 //     a herd. Without provider figures it paces from the configured
 //     per-minute hints with a sliding 60 s window log, and without hints it
 //     lets one probe call through at a time until a response says something.
+//     The input and output dimensions count only once Anthropic figures
+//     describe them (unknown, they never block); their remaining, rounded
+//     to the nearest thousand, is read as a band in which the throttle keeps
+//     its own estimate; the unused max_tokens of a call, refunded by the
+//     provider at its end (DoneTokens), returns to output; and while the
+//     input and output figures describe the provider's token quota alone,
+//     the summed tokens hint does not pace.
 //
 // Time is always a parameter (now time.Time), x/time/rate style: the package
 // has no clock, no goroutines and no I/O. A wait returned by TryStart may be
@@ -41,12 +51,16 @@
 // sleeping past it (BC-12).
 //
 // Units: provider tokens are what the provider counts against the account
-// (prompt + max output tokens); requests count 1 per call. Durations are
+// (prompt + max output tokens); input tokens are the prompt, output tokens
+// the max output (Cost, TryStartCost); requests count 1 per call. Durations are
 // time.Duration; per-minute hints are per 60 s.
 //
 // Sources: the rules follow the seed article "One rate limit, many tenants"
 // (sections "Reading the quota instead of guessing it", "The adaptive
 // throttle", "Two paths, one quota"), the provider header reference, RFC 9110
 // section 10.2.3 (Retry-After), RFC 9651 (Structured Fields), and the
-// regression cases BC-02, BC-03, BC-05, BC-07, BC-11, BC-12, BC-13 and BC-39.
+// regression cases BC-02, BC-03, BC-05, BC-07, BC-11, BC-12, BC-13 and BC-39;
+// for Anthropic's input and output buckets the provider header reference,
+// Anthropic section ("OTPM rate limits are estimated based on max_tokens at
+// the beginning of each request, and the estimate is adjusted at the end").
 package throttle

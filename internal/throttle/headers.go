@@ -72,12 +72,20 @@ type Quota struct {
 	// Tokens is the provider-token dimension (prompt + max output tokens),
 	// Requests the request dimension.
 	Tokens, Requests Dimension
+	// Input and Output are Anthropic's separate input-token (ITPM) and
+	// output-token (OTPM) dimensions, from the
+	// anthropic-ratelimit-{input,output}-tokens-{limit,remaining,reset}
+	// triplets (remaining rounded to the nearest thousand; output charged
+	// max_tokens at admission and refunded at the end: provider header
+	// reference, Anthropic section). In input tokens (prompt) and output
+	// tokens (max output at start); unknown for every other dialect.
+	Input, Output Dimension
 	// RetryAfter is the provider's explicit wait, valid when HasRetryAfter;
 	// in [0, MaxRetryAfter].
 	RetryAfter    time.Duration
 	HasRetryAfter bool
 	// Dialect is the dialect of the winning tokens figure, else of the
-	// winning requests figure, else "azure" when only a millisecond
+	// winning requests figure, else of the input or output figure, else "azure" when only a millisecond
 	// Retry-After was seen, else "".
 	Dialect string
 	// Malformed counts header values (or structured-field members) ignored
@@ -87,9 +95,13 @@ type Quota struct {
 
 func unknownDimension() Dimension { return Dimension{Limit: -1, Remaining: -1, Reset: -1} }
 
+// Dimension indexes, in Throttle.dims and parser.best.
 const (
 	dimTokens   = 0
 	dimRequests = 1
+	dimInput    = 2 // Anthropic input tokens (ITPM)
+	dimOutput   = 3 // Anthropic output tokens (OTPM)
+	numDims     = 4
 )
 
 // Field slots: every header the parser reads has one, in the order of
@@ -494,7 +506,7 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 type parser struct {
 	f         fields
 	now       time.Time
-	best      [2]Dimension
+	best      [numDims]Dimension
 	malformed int
 }
 
@@ -573,9 +585,9 @@ func (p *parser) triplet(base int, dialect string) (d Dimension, present bool) {
 //     bare number, or a remaining comes without a reset.
 //   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset},
 //     RFC 3339 resets (offsets allowed; a past reset means 0). The tokens
-//     triplet is Anthropic's "most restrictive limit in effect" and is used
-//     when present; otherwise input and output are summed. An exhausted
-//     input or output dimension (remaining 0) is always a candidate.
+//     triplet (Anthropic's "most restrictive limit in effect") fills Tokens
+//     when present; the input-tokens and output-tokens triplets fill Input
+//     and Output, never Tokens (ITPM and OTPM are separate buckets; BC-07).
 //   - Classic X-RateLimit-{Limit,Remaining,Reset}: the requests dimension;
 //     reset as delay seconds, epoch seconds (>= 1e9) or epoch ms (>= 1e12).
 //   - IETF draft-10/11 RateLimit and RateLimit-Policy structured Lists (any
@@ -642,7 +654,10 @@ func NormalizeDialect(dialect string) string {
 
 // parseHeaders reads the dialect only ("" = every dialect).
 func parseHeaders(h http.Header, now time.Time, only string) Quota {
-	p := parser{now: now, best: [2]Dimension{unknownDimension(), unknownDimension()}}
+	p := parser{now: now}
+	for i := range p.best {
+		p.best[i] = unknownDimension()
+	}
 	f := &p.f
 	lo, hi := dialectSlots(only)
 	f.gather(h, lo, hi)
@@ -686,43 +701,39 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 	}
 
 	q.Tokens, q.Requests, q.Malformed = p.best[dimTokens], p.best[dimRequests], p.malformed
+	q.Input, q.Output = p.best[dimInput], p.best[dimOutput]
 	switch {
 	case q.Tokens.Dialect != "":
 		q.Dialect = q.Tokens.Dialect
 	case q.Requests.Dialect != "":
 		q.Dialect = q.Requests.Dialect
+	case q.Input.Dialect != "":
+		q.Dialect = q.Input.Dialect
+	case q.Output.Dialect != "":
+		q.Dialect = q.Output.Dialect
 	case msRetry && (only == "" || only == DialectAzure):
 		q.Dialect = DialectAzure
 	}
 	return q
 }
 
-// parseAnthropic reads the anthropic-ratelimit-* triplets.
+// parseAnthropic reads the anthropic-ratelimit-* triplets: requests to
+// Requests, tokens to Tokens, input-tokens to Input and output-tokens to
+// Output. Input and output are separate buckets (ITPM, OTPM), each paced on
+// its own; they are never summed into Tokens, whose sum would hide the
+// bucket that binds (provider header reference, Anthropic; BC-07).
 func (p *parser) parseAnthropic() {
 	if d, present := p.triplet(sAnthropic+3*dimRequests, DialectAnthropic); present {
 		p.offer(dimRequests, d)
 	}
-	tok, _ := p.triplet(sAnthropic+3*dimTokens, DialectAnthropic)
-	in, _ := p.triplet(sAnthropicInOut, DialectAnthropic)
-	out, _ := p.triplet(sAnthropicInOut+3, DialectAnthropic)
-	switch {
-	case tok.Known():
-		p.offer(dimTokens, tok)
-	case in.Remaining >= 0 && out.Remaining >= 0:
-		sum := Dimension{Limit: -1, Remaining: in.Remaining + out.Remaining, Reset: max(in.Reset, out.Reset), Dialect: DialectAnthropic}
-		if in.Limit > 0 && out.Limit > 0 {
-			sum.Limit = in.Limit + out.Limit
-		}
-		p.offer(dimTokens, sum)
-	default:
-		p.offer(dimTokens, in)
-		p.offer(dimTokens, out)
+	if d, present := p.triplet(sAnthropic+3*dimTokens, DialectAnthropic); present {
+		p.offer(dimTokens, d)
 	}
-	if in.Remaining == 0 {
-		p.offer(dimTokens, in)
+	if d, present := p.triplet(sAnthropicInOut, DialectAnthropic); present {
+		p.offer(dimInput, d)
 	}
-	if out.Remaining == 0 {
-		p.offer(dimTokens, out)
+	if d, present := p.triplet(sAnthropicInOut+3, DialectAnthropic); present {
+		p.offer(dimOutput, d)
 	}
 }
 

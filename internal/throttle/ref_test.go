@@ -39,6 +39,8 @@ var (
 const (
 	refdimTokens   = 0
 	refdimRequests = 1
+	refdimInput    = 2
+	refdimOutput   = 3
 )
 
 func init() {
@@ -265,7 +267,7 @@ func refparseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool,
 type refparser struct {
 	h         http.Header
 	now       time.Time
-	best      [2]Dimension
+	best      [4]Dimension
 	malformed int
 }
 
@@ -343,9 +345,9 @@ func (p *refparser) triplet(keys [3]string, dialect string) (d Dimension, presen
 //     bare number, or a remaining comes without a reset.
 //   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset},
 //     RFC 3339 resets (offsets allowed; a past reset means 0). The tokens
-//     triplet is Anthropic's "most restrictive limit in effect" and is used
-//     when present; otherwise input and output are summed. An exhausted
-//     input or output dimension (remaining 0) is always a candidate.
+//     triplet is Anthropic's "most restrictive limit in effect" and fills
+//     Tokens; the input-tokens and output-tokens triplets fill Input and
+//     Output, never Tokens.
 //   - Classic X-RateLimit-{Limit,Remaining,Reset}: the requests dimension;
 //     reset as delay seconds, epoch seconds (>= 1e9) or epoch ms (>= 1e12).
 //   - IETF draft-10/11 RateLimit and RateLimit-Policy structured Lists (any
@@ -398,7 +400,7 @@ func refNormalizeDialect(dialect string) string {
 
 // refparseHeaders reads the dialect only ("" = every dialect).
 func refparseHeaders(h http.Header, now time.Time, only string) Quota {
-	p := refparser{h: h, now: now, best: [2]Dimension{refunknownDimension(), refunknownDimension()}}
+	p := refparser{h: h, now: now, best: [4]Dimension{refunknownDimension(), refunknownDimension(), refunknownDimension(), refunknownDimension()}}
 	q := Quota{}
 	var msRetry bool
 	q.RetryAfter, q.HasRetryAfter, p.malformed = refparseRetryAfter(h, now)
@@ -441,11 +443,16 @@ func refparseHeaders(h http.Header, now time.Time, only string) Quota {
 	}
 
 	q.Tokens, q.Requests, q.Malformed = p.best[refdimTokens], p.best[refdimRequests], p.malformed
+	q.Input, q.Output = p.best[refdimInput], p.best[refdimOutput]
 	switch {
 	case q.Tokens.Dialect != "":
 		q.Dialect = q.Tokens.Dialect
 	case q.Requests.Dialect != "":
 		q.Dialect = q.Requests.Dialect
+	case q.Input.Dialect != "":
+		q.Dialect = q.Input.Dialect
+	case q.Output.Dialect != "":
+		q.Dialect = q.Output.Dialect
 	case msRetry && (only == "" || only == DialectAzure):
 		q.Dialect = DialectAzure
 	}
@@ -457,27 +464,14 @@ func (p *refparser) parseAnthropic() {
 	if d, present := p.triplet(refhAnthropic[refdimRequests], DialectAnthropic); present {
 		p.offer(refdimRequests, d)
 	}
-	tok, _ := p.triplet(refhAnthropic[refdimTokens], DialectAnthropic)
-	in, _ := p.triplet(refhAnthropicInOut[0], DialectAnthropic)
-	out, _ := p.triplet(refhAnthropicInOut[1], DialectAnthropic)
-	switch {
-	case tok.Known():
-		p.offer(refdimTokens, tok)
-	case in.Remaining >= 0 && out.Remaining >= 0:
-		sum := Dimension{Limit: -1, Remaining: in.Remaining + out.Remaining, Reset: max(in.Reset, out.Reset), Dialect: DialectAnthropic}
-		if in.Limit > 0 && out.Limit > 0 {
-			sum.Limit = in.Limit + out.Limit
-		}
-		p.offer(refdimTokens, sum)
-	default:
-		p.offer(refdimTokens, in)
-		p.offer(refdimTokens, out)
+	if d, present := p.triplet(refhAnthropic[refdimTokens], DialectAnthropic); present {
+		p.offer(refdimTokens, d)
 	}
-	if in.Remaining == 0 {
-		p.offer(refdimTokens, in)
+	if d, present := p.triplet(refhAnthropicInOut[0], DialectAnthropic); present {
+		p.offer(refdimInput, d)
 	}
-	if out.Remaining == 0 {
-		p.offer(refdimTokens, out)
+	if d, present := p.triplet(refhAnthropicInOut[1], DialectAnthropic); present {
+		p.offer(refdimOutput, d)
 	}
 }
 

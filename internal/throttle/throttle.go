@@ -42,6 +42,14 @@ const (
 	probeTimeout = 2 * time.Minute
 	// probeRecheck is the base wait returned while a probe is in flight.
 	probeRecheck = 100 * time.Millisecond
+	// refundRecheck is the longest wait an input or output dimension
+	// returns while calls it charged are in flight: their responses
+	// report refunds (Throttle.DoneTokens) and new figures.
+	refundRecheck = 100 * time.Millisecond
+	// anthropicStep is the rounding of Anthropic's input-tokens and
+	// output-tokens remaining: "rounded to the nearest thousand" (provider
+	// header reference, Anthropic section).
+	anthropicStep = 1000
 	// minWait is the smallest wait TryStart returns when it refuses.
 	minWait = time.Millisecond
 	// levelEpsilon absorbs float rounding in the replenishment estimate, in
@@ -108,6 +116,18 @@ func (c Config) normalized() Config {
 		c.Rand = rand.Float64
 	}
 	return c
+}
+
+// Cost is what one call is charged at start, in tokens: Prompt to the input
+// dimension, MaxOutput (max_tokens x n) to the output dimension, their sum
+// to the provider-token dimension, and 1 to requests. Anthropic charges
+// max_tokens against OTPM at admission and refunds the unused part at the
+// end (provider header reference, Anthropic section; seed "Reading the
+// quota instead of guessing it").
+type Cost struct {
+	// Prompt is the prompt (input) tokens, MaxOutput the max output tokens.
+	// Negative values count as 0.
+	Prompt, MaxOutput int64
 }
 
 // Permit identifies one call started by TryStart: its sequence number (1, 2,
@@ -212,7 +232,11 @@ const (
 
 // dimension is the throttle's state for one quota dimension.
 type dimension struct {
-	hint     int64 // configured per-minute hint, 0 unknown
+	hint int64 // configured per-minute hint, 0 unknown
+	// optional: the dimension exists only for some dialects (Anthropic
+	// input and output tokens): while nothing is known of it, it never
+	// blocks (no probe, no pacing); only figures make it count.
+	optional bool
 	hdrLimit int64 // limit from headers, -1 unknown
 	maxSeen  int64 // largest remaining ever observed: a lower bound of the limit
 
@@ -306,6 +330,34 @@ func (d *dimension) covered(e *entry) bool {
 	return e.seq < d.figFloor || e.seq == d.figSeq || (e.seq < d.figSeq && e.ans != 0 && e.ans < d.figSeq)
 }
 
+// ownRefund is what the provider gave back, after the figure, of the charge
+// of the figure's own call: Anthropic charges max_tokens against OTPM at
+// admission, when the figure is taken, and refunds the unused part at the
+// end of the call (provider header reference, Anthropic section), which
+// Throttle.DoneTokens reports. Every other call the figure covers answered
+// before the figure's call started, so the figure already holds its refund.
+// Only the input and output dimensions (optional) are refunded this way.
+func (d *dimension) ownRefund() float64 {
+	if !d.optional {
+		return 0
+	}
+	if e := d.entry(d.figSeq); e != nil {
+		return float64(e.charged - e.pending)
+	}
+	return 0
+}
+
+// inFlight reports whether a call the figure does not cover is still
+// unanswered (its charge may yet be refunded).
+func (d *dimension) inFlight() bool {
+	for i := d.uncoveredFrom(); i < d.log.len(); i++ {
+		if e := d.log.at(i); e.ans == 0 && !d.covered(e) {
+			return true
+		}
+	}
+	return false
+}
+
 func (d *dimension) pendingSum() int64 {
 	var sum int64
 	for i := d.uncoveredFrom(); i < d.log.len(); i++ {
@@ -369,7 +421,7 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 	if d.fresh(now) {
 		if !d.figStep {
 			r := d.rate(lim)
-			level = float64(min(d.figRem, lim))
+			level = float64(min(d.figRem, lim)) + d.ownRefund()
 			prev := d.figAt.UnixNano()
 			for i := d.uncoveredFrom(); i < d.log.len(); i++ {
 				e := d.log.at(i)
@@ -419,6 +471,9 @@ func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
 	m, lim, level, at := d.state(now)
 	switch m {
 	case modeProbe:
+		if d.optional {
+			return verdict{ok: true}
+		}
 		return verdict{ok: true, probe: true}
 	case modeSilent:
 		return verdict{ok: true}
@@ -443,6 +498,12 @@ func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
 		ns := math.Ceil((float64(need) - level) / r)
 		if ns > float64(MaxReset) {
 			ns = float64(MaxReset)
+		}
+		if d.optional && ns > float64(refundRecheck) && d.inFlight() {
+			// Calls in flight hold their max_tokens, of which the provider
+			// refunds the unused part at their end: ask again then rather
+			// than wait for the refill of charges that are given back.
+			ns = float64(refundRecheck)
 		}
 		return verdict{wait: time.Duration(ns)}
 	case modeStep:
@@ -514,6 +575,13 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 			d.winFrom = oldReset
 		}
 	}
+	rounded := d.optional && q.Dialect == DialectAnthropic && q.Remaining%anthropicStep == 0
+	predicted, havePred := 0.0, false
+	if rounded && d.fresh(now) && !d.figStep {
+		if m, _, level, _ := d.state(now); m == modeContinuous {
+			predicted, havePred = level, true
+		}
+	}
 	d.hasFig = true
 	d.figRem, d.figAt, d.figReset = q.Remaining, now, q.Reset
 	d.figStep = q.Dialect == DialectClassic || q.Dialect == DialectIETF
@@ -523,6 +591,37 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 			d.figFloor = e.floor
 		}
 	}
+	if rounded {
+		d.figRem = d.roundedFigure(q.Remaining, predicted, havePred)
+	}
+}
+
+// roundedFigure is the remaining to use for an Anthropic input or output
+// figure f, which the provider rounds to the nearest anthropicStep: the
+// true remaining is in [f-step/2, f+step/2). With the estimate the previous
+// figure gave for now (predicted, when havePred), it keeps that estimate
+// clamped into the band, so that the rounding neither stalls nor bursts
+// starts; without one, the limit for a figure at the limit (a full bucket),
+// else the band's lower end. Called once the new figure is
+// set: the returned remaining gives a level of predicted.
+func (d *dimension) roundedFigure(f int64, predicted float64, havePred bool) int64 {
+	lo, hi := max(f-anthropicStep/2, 0), f+anthropicStep/2-1
+	if lim := d.limit(); lim > 0 {
+		hi = min(hi, lim)
+		lo = min(lo, hi)
+	}
+	if !havePred {
+		if lim := d.limit(); lim > 0 && f >= lim {
+			// A figure at the limit: the bucket is full (the provider caps
+			// the rounded remaining at the limit), as it is at the start.
+			return lim
+		}
+		return lo
+	}
+	// The new level is figRem + ownRefund - pendingSum (every uncovered
+	// call started before now, so no refill is added in between).
+	rem := math.Round(predicted + float64(d.pendingSum()) - d.ownRefund())
+	return int64(math.Min(math.Max(rem, float64(lo)), float64(hi)))
 }
 
 // Throttle is the adaptive throttle of one (ProviderPool, model). It is safe
@@ -532,7 +631,7 @@ type Throttle struct {
 	cfg             Config
 	seq             uint64
 	lastAt          time.Time // latest start time recorded (keeps logs ordered)
-	dims            [2]dimension
+	dims            [numDims]dimension
 	pausedUntil     time.Time
 	lastInteractive time.Time
 	probing         bool
@@ -561,10 +660,34 @@ type Throttle struct {
 func New(cfg Config, now time.Time) *Throttle {
 	cfg = cfg.normalized()
 	return &Throttle{
-		cfg:             cfg,
-		dims:            [2]dimension{newDimension(cfg.TokensPerMinuteHint), newDimension(cfg.RequestsPerMinuteHint)},
+		cfg: cfg,
+		dims: [numDims]dimension{newDimension(cfg.TokensPerMinuteHint), newDimension(cfg.RequestsPerMinuteHint),
+			{optional: true, hdrLimit: -1, figReset: -1}, {optional: true, hdrLimit: -1, figReset: -1}},
 		lastInteractive: now,
 	}
+}
+
+// tokensSplit reports whether the provider describes its token quota only by
+// separate input and output figures (Anthropic ITPM and OTPM, no tokens
+// triplet): the tokens dimension then has no figure of its own and its
+// per-minute hint, a sum that cannot see the provider's output refunds, does
+// not pace; the input and output dimensions do.
+func (t *Throttle) tokensSplit(now time.Time) bool {
+	d := &t.dims[dimTokens]
+	if d.hdrLimit > 0 || d.fresh(now) {
+		return false
+	}
+	return t.dims[dimInput].fresh(now) || t.dims[dimOutput].fresh(now)
+}
+
+// quotaKnown reports whether q carries a figure in any dimension.
+func quotaKnown(q Quota) bool {
+	return q.Tokens.Known() || q.Requests.Known() || q.Input.Known() || q.Output.Known()
+}
+
+// dimsOf returns q's figures by dimension index.
+func dimsOf(q Quota) [numDims]Dimension {
+	return [numDims]Dimension{q.Tokens, q.Requests, q.Input, q.Output}
 }
 
 // Reconfigure applies a new configuration (live policy from the ProviderPool)
@@ -612,9 +735,22 @@ func (t *Throttle) jitter() time.Duration {
 	return time.Duration(f * float64(t.cfg.JitterWindow))
 }
 
-// TryStart asks whether a call charged providerTokens (prompt + max output)
-// and one request may start now with priority p. On success it charges both
-// dimensions and returns a Permit. Otherwise it returns how long to wait
+// TryStart is TryStartCost for a call whose split between prompt and output
+// is unknown: providerTokens (prompt + max output) is charged to the tokens
+// dimension and, since either part may be all of it, to the input and the
+// output dimensions too (they count only where the provider sends input and
+// output figures: Anthropic).
+func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Permit, bool, time.Duration) {
+	providerTokens = max(providerTokens, 0)
+	return t.start(now, [numDims]int64{providerTokens, 1, providerTokens, providerTokens}, p)
+}
+
+// TryStartCost asks whether a call of cost c and one request may start now
+// with priority p. On success it charges every dimension — c.Prompt to
+// input tokens, c.MaxOutput to output tokens, their sum to provider tokens,
+// 1 to requests — and returns a Permit. Every dimension must admit the call
+// (the most restrictive wins); a dimension nothing is known of never blocks
+// beyond the single probe call of the tokens and requests dimensions. Otherwise it returns how long to wait
 // before asking again, always > 0: while paused after a 429, until
 // PausedUntil plus this caller's jitter in [0, JitterWindow] (BC-05d, BC-11);
 // before a fixed-window reset, until the reset plus jitter; else until the
@@ -623,10 +759,17 @@ func (t *Throttle) jitter() time.Duration {
 // The wait may be long (a provider Retry-After of days is honoured exactly,
 // BC-12): callers must compare it with their deadline and context and give
 // up rather than sleep past them; the throttle never shortens a pause.
-func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Permit, bool, time.Duration) {
+func (t *Throttle) TryStartCost(now time.Time, c Cost, p Priority) (Permit, bool, time.Duration) {
+	in, out := max(c.Prompt, 0), max(c.MaxOutput, 0)
+	return t.start(now, [numDims]int64{in + out, 1, in, out}, p)
+}
+
+// start is TryStart with the cost per dimension (tokens, requests, input,
+// output).
+func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permit, bool, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	providerTokens = max(providerTokens, 0)
+	providerTokens := costs[dimTokens]
 	if p == Interactive && now.After(t.lastInteractive) {
 		t.lastInteractive = now
 	}
@@ -639,12 +782,15 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 	} else if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {
 		pct = 0
 	}
-	costs := [2]int64{providerTokens, 1}
 	ok, probe := true, false
 	var wait time.Duration
 	herd := false
+	split := t.tokensSplit(now)
 	for i := range t.dims {
 		t.dims[i].prune(now)
+		if i == dimTokens && split {
+			continue
+		}
 		v := t.dims[i].check(now, costs[i], pct)
 		probe = probe || v.probe
 		if !v.ok {
@@ -660,7 +806,7 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 		}
 		return Permit{}, false, max(wait, minWait)
 	}
-	var intervals [2]int64
+	var intervals [numDims]int64
 	if t.subWindow {
 		n := now.UnixNano()
 		for i := range t.dims {
@@ -733,7 +879,8 @@ func (t *Throttle) answered(p Permit) {
 }
 
 // Observe records the quota figures of a response to the call of p, received
-// at now (q from ParseHeaders). Per dimension it sets limit, remaining and
+// at now (q from ParseHeaders). Per dimension (provider tokens, requests,
+// and Anthropic's input and output tokens) it sets limit, remaining and
 // reset; calls started after p, which the provider's figure cannot include
 // yet, stay subtracted, and so (continuous buckets) do calls started before p
 // that were still unanswered when p started (see dimension.covered). A
@@ -743,10 +890,10 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.endProbe(p)
-	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
+	if q.Dialect != "" && quotaKnown(q) {
 		t.dialect = q.Dialect
 	}
-	for i, qd := range [2]Dimension{q.Tokens, q.Requests} {
+	for i, qd := range dimsOf(q) {
 		d := &t.dims[i]
 		d.apply(now, p.seq, qd)
 		if !qd.Known() && d.limit() <= 0 {
@@ -760,7 +907,8 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 // OnTooManyRequests records a 429 response to the call of p at now. It pauses
 // every start, interactive included, until now + q.RetryAfter when present
 // (0 included: eligible at once, BC-05b); else until the reset of the
-// exhausted dimension (remaining 0), the later one when both are (BC-07);
+// exhausted dimension (remaining 0; tokens, requests, input or output), the
+// latest one when several are (BC-07);
 // else for DefaultBackoff. A pause is never shortened: a later 429 only
 // extends it (BC-05d). A 429 although every known remaining covered the
 // call means the provider enforces sub-windows (Azure): from then on starts
@@ -771,7 +919,7 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.endProbe(p)
-	if q.Dialect != "" && (q.Tokens.Known() || q.Requests.Known()) {
+	if q.Dialect != "" && quotaKnown(q) {
 		t.dialect = q.Dialect
 	}
 	// A 429 while every known remaining covered the call: sub-windows.
@@ -781,7 +929,7 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 		(q.Requests.Remaining < 0 || q.Requests.Remaining >= 1) {
 		t.subWindow = true
 	}
-	for i, qd := range [2]Dimension{q.Tokens, q.Requests} {
+	for i, qd := range dimsOf(q) {
 		d := &t.dims[i]
 		d.apply(now, p.seq, qd)
 		if d.limit() <= 0 {
@@ -795,7 +943,7 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 		pause = q.RetryAfter
 	default:
 		pause = -1
-		for _, qd := range [2]Dimension{q.Tokens, q.Requests} {
+		for _, qd := range dimsOf(q) {
 			// An elapsed (0) reset is not hard data: it cannot explain a 429.
 			if qd.Remaining == 0 && qd.Reset > 0 {
 				pause = max(pause, qd.Reset)
@@ -812,12 +960,35 @@ func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 
 // Done records the end of the call of p at now when its response gave no
 // usable figures. With ok, actualProviderTokens is what the provider counted
-// (from usage) and replaces the charge while no provider figure includes the
-// call (a refund, or an extra debit); the sliding window log keeps the charge,
-// since providers such as OpenAI count max_tokens at arrival. Without ok the
+// (from usage) and replaces the tokens charge wherever no provider figure
+// includes the call (a refund, or an extra debit; a figure that may have
+// been taken before the call reached the provider does not, see
+// dimension.covered); the input and output charges, whose split is unknown
+// here, are only lowered to it (each part is at most the whole). The sliding window log keeps the charge, since
+// providers such as OpenAI count max_tokens at arrival. Without ok the
 // charge stands. Either way the request stays counted and a probe in flight
 // ends; with ok, a dimension with no limit known becomes 429-only.
 func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok bool) {
+	a := max(actualProviderTokens, 0)
+	t.done(now, p, [numDims]int64{a, -1, a, a}, true, ok)
+}
+
+// DoneTokens is Done with the usage split: with ok, promptTokens replaces
+// the input charge, outputTokens (generated) the output charge — the refund
+// of the unused max_tokens that Anthropic makes at the end of the call
+// (provider header reference, Anthropic section) — and their sum the tokens
+// charge, each wherever no provider figure of that dimension includes the
+// call; in the input and output dimensions the refund also counts after the
+// figure of the call's own response, which the provider took before it
+// (dimension.ownRefund).
+func (t *Throttle) DoneTokens(now time.Time, p Permit, promptTokens, outputTokens int64, ok bool) {
+	in, out := max(promptTokens, 0), max(outputTokens, 0)
+	t.done(now, p, [numDims]int64{in + out, -1, in, out}, false, ok)
+}
+
+// done corrects the pending charge of each dimension of actual >= 0 to it
+// (capOnly: only downwards) while no figure of the dimension covers the call.
+func (t *Throttle) done(now time.Time, p Permit, actual [numDims]int64, capOnly, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.endProbe(p)
@@ -834,9 +1005,22 @@ func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok 
 	if !ok {
 		return
 	}
-	d := &t.dims[dimTokens]
-	if e := d.entry(p.seq); e != nil && !d.covered(e) {
-		e.pending = max(actualProviderTokens, 0)
+	for i := range t.dims {
+		if actual[i] < 0 {
+			continue
+		}
+		// Set even while a figure covers the call: a newer figure whose
+		// call may have reached the provider first uncovers it again
+		// (dimension.covered), and the provider then counts the actual use
+		// (Anthropic refunds the unused max_tokens at the end of the call).
+		d := &t.dims[i]
+		if e := d.entry(p.seq); e != nil {
+			if capOnly && i != dimTokens {
+				e.pending = min(e.pending, actual[i])
+			} else {
+				e.pending = actual[i]
+			}
+		}
 	}
 }
 
@@ -866,8 +1050,8 @@ func (t *Throttle) Status(now time.Time) Status {
 	if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {
 		pct = 0
 	}
-	var lims, rems [2]int64
-	var resets [2]time.Time
+	var lims, rems [numDims]int64
+	var resets [numDims]time.Time
 	for i := range t.dims {
 		d := &t.dims[i]
 		m, lim, level, _ := d.state(now)
