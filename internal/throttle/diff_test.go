@@ -53,10 +53,11 @@ func headerBlock(s string, flags uint8) http.Header {
 	return h
 }
 
-// FuzzHeadersMatchReference: the parser gives exactly what the reference parser
-// (ref_test.go, the implementation before the single-pass rewrite) gives,
-// for every dialect hint, with and without unrelated fields.
-func FuzzHeadersMatchReference(f *testing.F) {
+// FuzzHeadersOnePassMatchesLookups: the parser reads a small header map in
+// one pass over its fields and a large one by a lookup per known key; both
+// give exactly the same Quota and Retry-After, for every dialect hint, with
+// keys canonical or not, and Auto is ParseHeaders.
+func FuzzHeadersOnePassMatchesLookups(f *testing.F) {
 	for _, d := range benchDialects {
 		f.Add(uint8(0), uint8(0), strings.Join(d.lines, "\n"))
 		f.Add(uint8(3), uint8(2), strings.Join(d.lines, "\n"))
@@ -74,24 +75,26 @@ func FuzzHeadersMatchReference(f *testing.F) {
 		f.Add(uint8(i), uint8(i%4), s)
 	}
 	f.Fuzz(func(t *testing.T, which, flags uint8, s string) {
-		h := headerBlock(s, flags)
+		small, large := headerBlock(s, flags&^2), headerBlock(s, flags|2)
 		dialect := fuzzDialects[int(which)%len(fuzzDialects)]
-		if got, want := ParseHeadersDialect(h, NOW, dialect), refParseHeadersDialect(h, NOW, dialect); !reflect.DeepEqual(got, want) {
-			t.Fatalf("%s: got %+v, reference %+v", dialect, got, want)
+		if got, want := ParseHeadersDialect(small, NOW, dialect), ParseHeadersDialect(large, NOW, dialect); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: one pass %+v, lookups %+v", dialect, got, want)
 		}
-		if got, want := ParseHeaders(h, NOW), refParseHeaders(h, NOW); !reflect.DeepEqual(got, want) {
-			t.Fatalf("Auto: got %+v, reference %+v", got, want)
+		if got, want := ParseHeaders(small, NOW), ParseHeaders(large, NOW); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Auto: one pass %+v, lookups %+v", got, want)
 		}
-		d, ok := ParseRetryAfter(h, NOW)
-		if rd, rok := refParseRetryAfter(h, NOW); d != rd || ok != rok {
-			t.Fatalf("ParseRetryAfter = %v, %v; reference %v, %v", d, ok, rd, rok)
+		if got, want := ParseHeaders(small, NOW), ParseHeadersDialect(small, NOW, "Auto"); !reflect.DeepEqual(got, want) {
+			t.Fatalf("ParseHeaders %+v, ParseHeadersDialect Auto %+v", got, want)
+		}
+		d, ok := ParseRetryAfter(small, NOW)
+		if rd, rok := ParseRetryAfter(large, NOW); d != rd || ok != rok {
+			t.Fatalf("ParseRetryAfter: one pass %v, %v; lookups %v, %v", d, ok, rd, rok)
 		}
 	})
 }
 
 // FuzzSimpleDuration: the Go-duration fast path agrees with
-// time.ParseDuration, and ParseResetDuration and parseResetValue agree with
-// the reference parser.
+// time.ParseDuration, and ParseResetDuration stays within [0, MaxReset].
 func FuzzSimpleDuration(f *testing.F) {
 	for _, s := range []string{"6ms", "15ms", "6m0s", "1h30m", "0s", "1.5s", "250us", "1m30.5s", "24h", "24h0m1s", "86400s",
 		"999999h", "999999h999999h999999h", "1000000s", "06ms", "1mss", "1m.5s", "1h1h", "5", "", " 6ms ", "1e3s", "1µs", "1msm"} {
@@ -107,20 +110,15 @@ func FuzzSimpleDuration(f *testing.F) {
 				t.Fatalf("parseSimpleDuration(%q) = %v above MaxReset; time.ParseDuration = %v", s, d, want)
 			}
 		}
-		d, ok := ParseResetDuration(s)
-		if rd, rok := refParseResetDuration(s); d != rd || ok != rok {
-			t.Fatalf("ParseResetDuration(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
-		}
-		d, ok = parseResetValue(s, NOW)
-		if rd, rok := refparseResetValue(s, NOW); d != rd || ok != rok {
-			t.Fatalf("parseResetValue(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
+		if d, ok := ParseResetDuration(s); ok && (d < 0 || d > MaxReset) {
+			t.Fatalf("ParseResetDuration(%q) = %v, outside [0, MaxReset]", s, d)
 		}
 	})
 }
 
 // FuzzRFC3339UTC: whatever the fast path accepts, time.Parse(time.RFC3339)
-// accepts as the same instant; resets read through it agree with the
-// reference parser.
+// accepts as the same instant; resets read through it stay within
+// [0, MaxReset].
 func FuzzRFC3339UTC(f *testing.F) {
 	for _, s := range []string{"2026-01-01T00:00:05Z", "2026-01-01T00:00:05z", "2026-01-01t00:00:05Z", "2024-02-29T23:59:59Z",
 		"2023-02-29T00:00:00Z", "2000-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
@@ -136,9 +134,8 @@ func FuzzRFC3339UTC(f *testing.F) {
 				t.Fatalf("parseRFC3339UTC(%q) = %v; time.Parse = %v, %v", s, at, want, err)
 			}
 		}
-		d, ok := parseResetValue(s, NOW)
-		if rd, rok := refparseResetValue(s, NOW); d != rd || ok != rok {
-			t.Fatalf("parseResetValue(%q) = %v, %v; reference %v, %v", s, d, ok, rd, rok)
+		if d, ok := parseResetValue(s, NOW); ok && (d < 0 || d > MaxReset) {
+			t.Fatalf("parseResetValue(%q) = %v, outside [0, MaxReset]", s, d)
 		}
 	})
 }
