@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -127,6 +128,25 @@ func setDeploymentAvailable(t *testing.T, namespace, name string, available int3
 		}
 		return k8sClient.Status().Update(context.Background(), d)
 	})
+}
+
+// bindClaim plays the volume controller: it marks the claim key Bound with
+// the given capacity, retrying on conflicts (the operator may apply the claim
+// between the read and the write). The bound claim is left in claim.
+func bindClaim(t *testing.T, key types.NamespacedName, capacity string, claim *corev1.PersistentVolumeClaim) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8sClient.Get(context.Background(), key, claim); err != nil {
+			return err
+		}
+		claim.Status.Phase = corev1.ClaimBound
+		claim.Status.AccessModes = claim.Spec.AccessModes
+		claim.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(capacity)}
+		return k8sClient.Status().Update(context.Background(), claim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // readyPool creates a pool, waits for its Deployment and marks it available,

@@ -148,12 +148,7 @@ func TestProviderPoolJobStoreGrows(t *testing.T) {
 		t.Errorf("Ready condition %+v, want no apply error", c)
 	}
 
-	claim.Status.Phase = corev1.ClaimBound
-	claim.Status.AccessModes = claim.Spec.AccessModes
-	claim.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
-	if err := k8sClient.Status().Update(context.Background(), claim); err != nil {
-		t.Fatal(err)
-	}
+	bindClaim(t, client.ObjectKeyFromObject(claim), "1Gi", claim)
 	eventually(t, "claim request 2Gi once Bound", func() error {
 		if got := storage(); got != "2Gi" {
 			return fmt.Errorf("request %s", got)

@@ -35,12 +35,7 @@ func TestReviewJobStoreGrowOnFixedClassWedgesPool(t *testing.T) {
 	claim := &corev1.PersistentVolumeClaim{}
 	key := client.ObjectKey{Namespace: ns, Name: "wedge-scheduler"}
 	eventually(t, "claim", func() error { return k8sClient.Get(context.Background(), key, claim) })
-	claim.Status.Phase = corev1.ClaimBound
-	claim.Status.AccessModes = claim.Spec.AccessModes
-	claim.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
-	if err := k8sClient.Status().Update(context.Background(), claim); err != nil {
-		t.Fatal(err)
-	}
+	bindClaim(t, client.ObjectKeyFromObject(claim), "1Gi", claim)
 	d := &appsv1.Deployment{}
 	eventually(t, "Deployment", func() error { return k8sClient.Get(context.Background(), key, d) })
 	hash0 := d.Spec.Template.Annotations["quota.fairshare.dev/settings-hash"]

@@ -106,8 +106,15 @@ const conflictRetry = 250 * time.Millisecond
 // object changed after it was read, usually by the scheduler's own status
 // writer or an informer cache behind the server) into a quiet requeue after
 // conflictRetry: status writes do not trigger the reconcilers, so the
-// retry must be asked for. ok is false for any other error.
+// retry must be asked for. A write refused with 404 Not Found (the object
+// was deleted after it was read) ends the reconcile quietly: there is no
+// status left to write, and the delete event runs the reconciler again.
+// ok is false for any other error.
 func retryOnConflict(ctx context.Context, err error) (ctrl.Result, bool) {
+	if apierrors.IsNotFound(err) {
+		ctrl.LoggerFrom(ctx).V(1).Info("Object deleted before its status write; nothing to write")
+		return ctrl.Result{}, true
+	}
 	if !apierrors.IsConflict(err) {
 		return ctrl.Result{}, false
 	}

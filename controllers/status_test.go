@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -9,9 +10,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 	"github.com/fairshare-dev/fairshare/internal/render"
@@ -268,5 +272,29 @@ func TestSetTenantConditions(t *testing.T) {
 				t.Errorf("conditions (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A status write refused because the object changed is retried after
+// conflictRetry; one refused because the object is gone ends quietly; any
+// other error is the caller's.
+func TestRetryOnConflict(t *testing.T) {
+	gr := schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "providerpools"}
+	cases := []struct {
+		name string
+		err  error
+		want ctrl.Result
+		ok   bool
+	}{
+		{"conflict", apierrors.NewConflict(gr, "p", errors.New("modified")), ctrl.Result{RequeueAfter: 250 * time.Millisecond}, true},
+		{"not found", apierrors.NewNotFound(gr, "p"), ctrl.Result{}, true},
+		{"forbidden", apierrors.NewForbidden(gr, "p", errors.New("no")), ctrl.Result{}, false},
+		{"other", errors.New("connection refused"), ctrl.Result{}, false},
+	}
+	for _, c := range cases {
+		got, ok := retryOnConflict(context.Background(), c.err)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: retryOnConflict = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
+		}
 	}
 }
