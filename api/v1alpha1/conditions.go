@@ -16,6 +16,13 @@ const (
 	// ConditionThrottled: True while calls are held back: for a pool, paused
 	// after an upstream 429 or at its reserve; for a tenant, at one of its limits.
 	ConditionThrottled = "Throttled"
+	// ConditionUsageOutlier (TenantQuota, scheduler): True, a warning, while
+	// the tenant's usage over the pool's usage window is far above its
+	// tier's (reason CostAboveTier) or many of its requests are refused by
+	// its own limits (LimitViolations); False with WithinTier otherwise.
+	// It only reports (seed 002 section 7: monitor cost per tenant against
+	// tier, investigate outliers).
+	ConditionUsageOutlier = "UsageOutlier"
 )
 
 // Condition reasons (CamelCase, documented in docs/api.md).
@@ -40,6 +47,11 @@ const (
 	// failover may not happen. Switch the store to Memory, then to Volume with
 	// accessMode ReadWriteMany (docs/operations.md, "The job store").
 	ReasonJobStoreNotShared = "JobStoreNotShared"
+	// ReasonSchedulerRolled (Normal event on the pool, never a condition
+	// reason): the operator changed the pod template of an existing scheduler
+	// Deployment (settings hash annotation AnnotationSettingsHash or image),
+	// so the Deployment rolls its pods; the message names what changed.
+	ReasonSchedulerRolled = "SchedulerRolled"
 	// ReasonPoolReady: the tenant's pool is Ready.
 	ReasonPoolReady = "PoolReady"
 	// ReasonPoolNotReady: the tenant's pool is not Ready.
@@ -56,6 +68,17 @@ const (
 	ReasonAtReserve = "AtReserve"
 	// ReasonTenantLimited: the tenant is at its token, request, concurrency or KV-block limit.
 	ReasonTenantLimited = "TenantLimited"
+	// ReasonCostAboveTier (UsageOutlier True): weighted tokens over the
+	// window at least usageMonitoring.costRatioThreshold times the median of
+	// the tenant's tier.
+	ReasonCostAboveTier = "CostAboveTier"
+	// ReasonLimitViolations (UsageOutlier True): at least
+	// usageMonitoring.rejectionPercentThreshold percent of the tenant's
+	// requests in the window, and at least usageMonitoring.minRejections,
+	// refused by its own limits (probing).
+	ReasonLimitViolations = "LimitViolations"
+	// ReasonWithinTier (UsageOutlier False): neither signal.
+	ReasonWithinTier = "WithinTier"
 )
 
 // Field managers of the two status writers (server-side apply).

@@ -340,25 +340,98 @@ type ProviderPoolSpec struct {
 	// +kubebuilder:validation:MaxItems=64
 	Models []ModelSpec `json:"models"`
 
-	// reserve keeps part of the quota for interactive calls.
+	// reserve keeps part of the quota for interactive calls. Defaults to {}
+	// (each field at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	Reserve ReserveSpec `json:"reserve,omitempty,omitzero"`
 
-	// costModel converts provider tokens into weighted tokens.
+	// costModel converts provider tokens into weighted tokens. Defaults to
+	// {} (each field at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	CostModel CostModel `json:"costModel,omitempty,omitzero"`
 
-	// tenantIdentification says how requests are mapped to tenants.
+	// tenantIdentification says how requests are mapped to tenants. Defaults
+	// to {} (each field at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	TenantIdentification TenantIdentification `json:"tenantIdentification,omitempty,omitzero"`
 
-	// scheduler configures the rendered scheduler Deployment.
+	// scheduler configures the rendered scheduler Deployment. Defaults to {}
+	// (each field at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	Scheduler SchedulerSpec `json:"scheduler,omitempty,omitzero"`
+
+	// usageMonitoring sets the window and thresholds that flag a tenant
+	// whose usage is far above its tier's or that keeps hitting its limits
+	// (TenantQuota condition UsageOutlier). Defaults to {} (each field at its
+	// own default).
+	// +optional
+	// +kubebuilder:default={}
+	UsageMonitoring UsageMonitoringSpec `json:"usageMonitoring,omitempty,omitzero"`
+}
+
+// UsageMonitoringSpec configures the cost-per-tenant and limit-violation
+// signals (seed 002 section 7, "Detecting abuse": monitor cost per tenant
+// against tier, investigate outliers manually). A flagged tenant gets the
+// condition UsageOutlier True, a Warning event and the metric
+// fairshare_scheduler_tenant_usage_outlier; nothing is refused. The
+// reasoning behind the defaults is in docs/operations.md ("Cost per tenant
+// and usage outliers").
+type UsageMonitoringSpec struct {
+	// windowSeconds is the sliding window the figures cover, in seconds, a
+	// whole number of minutes. Defaults to 3600.
+	// +optional
+	// +kubebuilder:default=3600
+	// +kubebuilder:validation:Minimum=300
+	// +kubebuilder:validation:Maximum=86400
+	// +kubebuilder:validation:XValidation:rule="self % 60 == 0",message="usageMonitoring.windowSeconds must be a whole number of minutes"
+	WindowSeconds int32 `json:"windowSeconds,omitempty"`
+
+	// costRatioThreshold flags a tenant whose weighted tokens over the
+	// window are at least this multiple of the median of its tier's active
+	// tenants (reason CostAboveTier). Defaults to 10.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=10000
+	CostRatioThreshold int32 `json:"costRatioThreshold,omitempty"`
+
+	// minTierSize is the number of tenants of a tier with traffic in the
+	// window below which the tier has no median and nobody in it is a cost
+	// outlier. Defaults to 5.
+	// +optional
+	// +kubebuilder:default=5
+	// +kubebuilder:validation:Minimum=3
+	// +kubebuilder:validation:Maximum=10000
+	MinTierSize int32 `json:"minTierSize,omitempty"`
+
+	// minWeightedTokens is the floor, in weighted tokens over the window,
+	// below which a tenant is never a cost outlier. Defaults to 100000.
+	// +optional
+	// +kubebuilder:default=100000
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000000000000
+	MinWeightedTokens *int64 `json:"minWeightedTokens,omitempty"`
+
+	// rejectionPercentThreshold flags a tenant when at least this percentage
+	// of its requests and jobs in the window were refused by its own limits
+	// (reason LimitViolations), an integer percent. Defaults to 50.
+	// +optional
+	// +kubebuilder:default=50
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	RejectionPercentThreshold int32 `json:"rejectionPercentThreshold,omitempty"`
+
+	// minRejections is the fewest refusals in the window that flag limit
+	// violations. Defaults to 100.
+	// +optional
+	// +kubebuilder:default=100
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	MinRejections int32 `json:"minRejections,omitempty"`
 }
 
 // ModelQuotaStatus is what the provider last said about one model's quota.
@@ -452,7 +525,9 @@ type ProviderPoolStatus struct {
 	// +kubebuilder:validation:MaxItems=64
 	Models []ModelQuotaStatus `json:"models,omitempty"`
 
-	// lastReportTime is when the scheduler last wrote these figures.
+	// lastReportTime is when the scheduler last wrote these figures; it is
+	// rewritten at least every 5 minutes while the scheduler runs (its
+	// heartbeat), so an older time means the scheduler is not writing.
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
 }

@@ -198,6 +198,17 @@ type TenantQuotaSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	Weight int32 `json:"weight,omitempty"`
 
+	// tier names the tenant's plan tier (for example free, pro, enterprise).
+	// Usage monitoring compares the tenant's weighted tokens over the pool's
+	// window with the median of the pool's tenants of the same tier and
+	// flags a tenant far above it (status condition UsageOutlier; the pool's
+	// spec.usageMonitoring; seed 002 section 7). Unset is the tier "", a
+	// tier like any other. It changes no limit.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Tier string `json:"tier,omitempty"`
+
 	// tokens are the tenant's token rates.
 	// +optional
 	Tokens *TokenLimits `json:"tokens,omitempty"`
@@ -218,7 +229,8 @@ type TenantQuotaSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	MaxKVBlocks *int64 `json:"maxKVBlocks,omitempty"`
 
-	// batch configures the tenant's batch jobs.
+	// batch configures the tenant's batch jobs. Defaults to {} (each field
+	// at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	Batch BatchSpec `json:"batch,omitempty,omitzero"`
@@ -269,11 +281,36 @@ type BudgetStatus struct {
 	ResetTime *metav1.Time `json:"resetTime,omitempty"`
 }
 
+// TenantUsageStatus is the tenant's consumption over the pool's usage
+// window (spec.usageMonitoring.windowSeconds), compared with its tier.
+type TenantUsageStatus struct {
+	// windowSeconds is the span the figures cover, in seconds.
+	// +optional
+	WindowSeconds int64 `json:"windowSeconds,omitempty"`
+	// weightedTokens is the weighted tokens the tenant used in the window.
+	// +optional
+	WeightedTokens int64 `json:"weightedTokens,omitempty"`
+	// tierMedianWeightedTokens is the median weighted tokens over the window
+	// of the pool's tenants of the same tier that had traffic in it; absent
+	// while the tier has fewer than usageMonitoring.minTierSize of them.
+	// +optional
+	TierMedianWeightedTokens *int64 `json:"tierMedianWeightedTokens,omitempty"`
+	// requests is the tenant's requests and jobs in the window: admitted
+	// calls plus refusedRequests.
+	// +optional
+	Requests int64 `json:"requests,omitempty"`
+	// refusedRequests is the tenant's requests and jobs refused by its own
+	// limits in the window.
+	// +optional
+	RefusedRequests int64 `json:"refusedRequests,omitempty"`
+}
+
 // TenantQuotaStatus is the observed state of a tenant. Conditions Accepted and
 // Ready are written by the operator; Serving, Throttled and the live figures
 // by the pool's scheduler.
 type TenantQuotaStatus struct {
-	// conditions: Accepted, Ready (operator); Serving, Throttled (scheduler).
+	// conditions: Accepted, Ready (operator); Serving, Throttled,
+	// UsageOutlier (scheduler).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -330,7 +367,14 @@ type TenantQuotaStatus struct {
 	// +optional
 	Budget *BudgetStatus `json:"budget,omitempty"`
 
-	// lastReportTime is when the scheduler last wrote these figures.
+	// usage is the tenant's consumption over the pool's usage window,
+	// compared with its tier (condition UsageOutlier).
+	// +optional
+	Usage *TenantUsageStatus `json:"usage,omitempty"`
+
+	// lastReportTime is when the scheduler last wrote these figures: a
+	// TenantQuota status is written only when its figures or conditions
+	// change, so this is the time of the last change written.
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
 }
@@ -344,6 +388,7 @@ type TenantQuotaStatus struct {
 // +kubebuilder:resource:shortName=tq,categories=fairshare
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolRef.name`
 // +kubebuilder:printcolumn:name="Weight",type=integer,JSONPath=`.spec.weight`
+// +kubebuilder:printcolumn:name="Tier",type=string,JSONPath=`.spec.tier`,priority=1
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`
 // +kubebuilder:printcolumn:name="In-Flight",type=integer,JSONPath=`.status.inFlight`
 // +kubebuilder:printcolumn:name="Tokens-Left",type=integer,JSONPath=`.status.tokensRemaining`
