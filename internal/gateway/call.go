@@ -173,12 +173,30 @@ func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
 			c.model.Throttle.Done(now, c.permit, 0, true)
 		}
 		g.refunded(c.tenant, s)
+		c.recordUsage(now, kind, u, s)
 		// The budget reservation settles to the same use as the limiter
 		// (the charge, refunded to the actual usage), exactly once.
 		c.budget.Settle(now, s.UsedWeighted)
 		g.release()
 	})
 	return s
+}
+
+// recordUsage counts the settled call in the tenant's usage window
+// (registry.Tenant.RecordCall; seed 002 section 7, cost per tenant): the
+// weighted tokens it used and its provider tokens (the provider's usage, or
+// the charge when the usage is unknown; none for a call refunded in full).
+func (c *call) recordUsage(now time.Time, kind settleKind, u limiter.Usage, s limiter.Settlement) {
+	var in, out int64
+	if kind == settleUsage {
+		if u.Known {
+			in, out = u.PromptTokens, u.OutputTokens
+		} else {
+			cost := c.res.Cost()
+			in, out = cost.PromptTokens, cost.MaxOutputTokens
+		}
+	}
+	c.tenant.RecordCall(now, s.UsedWeighted, in, out)
 }
 
 // usageJSON is the OpenAI usage object.

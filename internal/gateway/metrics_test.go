@@ -159,6 +159,10 @@ fairshare_scheduler_tenant_queued_jobs{tenant="b"} 0
 # HELP fairshare_scheduler_tenant_remaining_weighted_tokens Weighted tokens left in the tenant's token bucket (absent when unlimited).
 # TYPE fairshare_scheduler_tenant_remaining_weighted_tokens gauge
 fairshare_scheduler_tenant_remaining_weighted_tokens{tenant="a"} 70
+# HELP fairshare_scheduler_tenant_window_weighted_tokens Weighted tokens the tenant used over the pool's usage window (spec.usageMonitoring.windowSeconds), by tenant.
+# TYPE fairshare_scheduler_tenant_window_weighted_tokens gauge
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="a"} 30
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="b"} 15
 # HELP fairshare_scheduler_tenants Tenants loaded by the scheduler.
 # TYPE fairshare_scheduler_tenants gauge
 fairshare_scheduler_tenants 2
@@ -251,8 +255,8 @@ func seriesOf(t *testing.T, g prometheus.Gatherer, name, value string) []string 
 // series.
 func TestMetricsRemovedTenantSeriesGone(t *testing.T) {
 	e := metricsScenario(t, nil)
-	if got := seriesOf(t, e.prom, "tenant", "a"); len(got) != 14 {
-		t.Fatalf("series of a before removal: %d, want 14: %v", len(got), got)
+	if got := seriesOf(t, e.prom, "tenant", "a"); len(got) != 15 {
+		t.Fatalf("series of a before removal: %d, want 15: %v", len(got), got)
 	}
 	if e.reg.RemoveTenant("a") == nil {
 		t.Fatal("tenant a not removed")
@@ -261,9 +265,9 @@ func TestMetricsRemovedTenantSeriesGone(t *testing.T) {
 		t.Errorf("series of a after removal: %v", got)
 	}
 	// b: admitted, charged, used, requests{ok}, and the in-flight, KV,
-	// limited and queued gauges.
-	if got := seriesOf(t, e.prom, "tenant", "b"); len(got) != 8 {
-		t.Errorf("series of b after a's removal: %d, want 8: %v", len(got), got)
+	// limited, queued and window weighted tokens gauges.
+	if got := seriesOf(t, e.prom, "tenant", "b"); len(got) != 9 {
+		t.Errorf("series of b after a's removal: %d, want 9: %v", len(got), got)
 	}
 }
 

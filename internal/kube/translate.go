@@ -9,6 +9,7 @@ import (
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/usage"
 )
 
 // API defaults, applied here when a field is unset (the API server applies
@@ -48,6 +49,7 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 	if s.Reserve.BatchBorrowAfterSeconds != nil {
 		out.BorrowAfter = time.Duration(*s.Reserve.BatchBorrowAfterSeconds) * time.Second
 	}
+	out.Usage = UsageConfig(&s.UsageMonitoring)
 	for _, m := range s.Models {
 		mp := registry.ModelPolicy{Name: m.Name}
 		if m.TokensPerMinute != nil {
@@ -59,6 +61,32 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 		out.Models = append(out.Models, mp)
 	}
 	return out
+}
+
+// UsageConfig translates a ProviderPool's spec.usageMonitoring into the
+// usage package's settings, unset fields taking the API defaults
+// (usage.DefaultConfig).
+func UsageConfig(u *v1alpha1.UsageMonitoringSpec) usage.Config {
+	c := usage.DefaultConfig()
+	if u.WindowSeconds > 0 {
+		c.Window = time.Duration(u.WindowSeconds) * time.Second
+	}
+	if u.CostRatioThreshold > 0 {
+		c.CostRatio = int64(u.CostRatioThreshold)
+	}
+	if u.MinTierSize > 0 {
+		c.MinTierSize = int(u.MinTierSize)
+	}
+	if u.MinWeightedTokens != nil {
+		c.MinWeightedTokens = *u.MinWeightedTokens
+	}
+	if u.RejectionPercentThreshold > 0 {
+		c.RejectionPercent = int64(u.RejectionPercentThreshold)
+	}
+	if u.MinRejections > 0 {
+		c.MinRejections = int64(u.MinRejections)
+	}
+	return c.Normalized()
 }
 
 // TenantPolicy translates a TenantQuota spec into the registry's tenant
@@ -73,6 +101,7 @@ func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 		Name:            tq.Name,
 		Generation:      tq.Generation,
 		Weight:          int64(s.Weight),
+		Tier:            s.Tier,
 		MaxQueued:       registry.DefaultMaxQueuedPerTenant,
 		DefaultDeadline: defaultDeadlineSeconds * time.Second,
 	}

@@ -206,13 +206,22 @@ var (
 	descBudgetRemaining = desc("tenant_budget_remaining_weighted_tokens", "Weighted tokens left in the tenant's current budget period (absent without a budget).", "tenant")
 	descTenantLimited   = desc("tenant_limited", "1 while one of the tenant's limits binds, else 0.", "tenant")
 	descTenants         = desc("tenants", "Tenants loaded by the scheduler.")
-	descQueued          = desc("queued_jobs", "Batch jobs queued in the pool.")
-	descInFlight        = desc("upstream_in_flight_requests", "Upstream calls in flight from the pool.")
-	descModelRemaining  = desc("upstream_remaining_tokens", "Provider tokens the provider's quota has left for the model (estimate; absent when unknown).", "model")
-	descModelLimit      = desc("upstream_limit_tokens", "Provider token limit per window for the model (absent when unknown).", "model")
-	descModelReqs       = desc("upstream_remaining_requests", "Provider requests the provider's quota has left for the model (estimate; absent when unknown).", "model")
-	descModelReqLimit   = desc("upstream_limit_requests", "Provider request limit per window for the model (absent when unknown).", "model")
-	descModelPaused     = desc("upstream_paused", "1 while the model is paused after an upstream 429, else 0.", "model")
+	// descUsageOutlier and descWindowWeighted: usage monitoring (seed 002
+	// section 7; ProviderPool spec.usageMonitoring, docs/operations.md
+	// "Cost per tenant and usage outliers").
+	descUsageOutlier = desc("tenant_usage_outlier",
+		"1 while the tenant is flagged by usage monitoring, by tenant and reason (CostAboveTier: weighted tokens over the window "+
+			"at least costRatioThreshold times its tier's median; LimitViolations: a high share of its requests refused by its own limits); "+
+			"absent otherwise.", "tenant", "reason")
+	descWindowWeighted = desc("tenant_window_weighted_tokens",
+		"Weighted tokens the tenant used over the pool's usage window (spec.usageMonitoring.windowSeconds), by tenant.", "tenant")
+	descQueued         = desc("queued_jobs", "Batch jobs queued in the pool.")
+	descInFlight       = desc("upstream_in_flight_requests", "Upstream calls in flight from the pool.")
+	descModelRemaining = desc("upstream_remaining_tokens", "Provider tokens the provider's quota has left for the model (estimate; absent when unknown).", "model")
+	descModelLimit     = desc("upstream_limit_tokens", "Provider token limit per window for the model (absent when unknown).", "model")
+	descModelReqs      = desc("upstream_remaining_requests", "Provider requests the provider's quota has left for the model (estimate; absent when unknown).", "model")
+	descModelReqLimit  = desc("upstream_limit_requests", "Provider request limit per window for the model (absent when unknown).", "model")
+	descModelPaused    = desc("upstream_paused", "1 while the model is paused after an upstream 429, else 0.", "model")
 )
 
 // collector exports gauges from a snapshot taken at scrape time.
@@ -223,7 +232,7 @@ type collector struct {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTenantQueued, descTenantInFlight, descTenantKV, descTenantRemaining,
-		descTenantReqs, descBudgetUsed, descBudgetRemaining, descTenantLimited, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit,
+		descTenantReqs, descBudgetUsed, descBudgetRemaining, descTenantLimited, descUsageOutlier, descWindowWeighted, descTenants, descQueued, descInFlight, descModelRemaining, descModelLimit,
 		descModelReqs, descModelReqLimit, descModelPaused} {
 		ch <- d
 	}
@@ -260,6 +269,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			g(descBudgetRemaining, float64(b.Remaining), t.ID)
 		}
 		g(descTenantLimited, b2f(t.Limiter.Limited), t.ID)
+		g(descWindowWeighted, float64(t.Usage.Counts.WeightedTokens), t.ID)
+		if t.Usage.Signal.Outlier {
+			g(descUsageOutlier, 1, t.ID, t.Usage.Signal.Reason)
+		}
 	}
 	for _, m := range s.Models {
 		if m.Status.TokensRemaining >= 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
+	"github.com/fairshare-dev/fairshare/internal/usage"
 )
 
 func i64(v int64) *int64 { return &v }
@@ -161,6 +162,60 @@ fairshare_scheduler_upstream_limit_requests{model="m"} 500
 # HELP fairshare_scheduler_upstream_remaining_requests Provider requests the provider's quota has left for the model (estimate; absent when unknown).
 # TYPE fairshare_scheduler_upstream_remaining_requests gauge
 fairshare_scheduler_upstream_remaining_requests{model="m"} 499
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestUsageGauges: the window's weighted tokens for every tenant, the
+// outlier gauge only for flagged tenants with their reason, and neither for
+// a deleted tenant.
+func TestUsageGauges(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	reg := registry.New(clocktesting.NewFakeClock(t0))
+	if err := reg.SetPool(registry.PoolPolicy{BaseURL: "http://127.0.0.1:1", Models: []registry.ModelPolicy{{Name: "m"}},
+		Usage: usage.Config{MinTierSize: 3, MinWeightedTokens: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if err := reg.UpsertTenant(registry.TenantPolicy{ID: id, Tier: "pro"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		reg.Tenant(id).RecordCall(t0, 50, 40, 2)
+	}
+	reg.Tenant("d").RecordCall(t0, 5000, 1000, 800)
+	for range 120 {
+		reg.Tenant("c").AddRejection()
+	}
+	prom := prometheus.NewRegistry()
+	New(prom, func() registry.Snapshot { return reg.Snapshot(t0) })
+	head := `
+# HELP fairshare_scheduler_tenant_usage_outlier 1 while the tenant is flagged by usage monitoring, by tenant and reason (CostAboveTier: weighted tokens over the window at least costRatioThreshold times its tier's median; LimitViolations: a high share of its requests refused by its own limits); absent otherwise.
+# TYPE fairshare_scheduler_tenant_usage_outlier gauge
+`
+	want := head + `fairshare_scheduler_tenant_usage_outlier{reason="CostAboveTier",tenant="d"} 1
+fairshare_scheduler_tenant_usage_outlier{reason="LimitViolations",tenant="c"} 1
+# HELP fairshare_scheduler_tenant_window_weighted_tokens Weighted tokens the tenant used over the pool's usage window (spec.usageMonitoring.windowSeconds), by tenant.
+# TYPE fairshare_scheduler_tenant_window_weighted_tokens gauge
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="a"} 50
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="b"} 50
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="c"} 50
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="d"} 5000
+`
+	names := []string{"fairshare_scheduler_tenant_usage_outlier", "fairshare_scheduler_tenant_window_weighted_tokens"}
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	reg.RemoveTenant("d")
+	reg.RemoveTenant("c")
+	want = `
+# HELP fairshare_scheduler_tenant_window_weighted_tokens Weighted tokens the tenant used over the pool's usage window (spec.usageMonitoring.windowSeconds), by tenant.
+# TYPE fairshare_scheduler_tenant_window_weighted_tokens gauge
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="a"} 50
+fairshare_scheduler_tenant_window_weighted_tokens{tenant="b"} 50
 `
 	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), names...); err != nil {
 		t.Error(err)

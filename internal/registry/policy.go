@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/usage"
 )
 
 // Identification modes of a pool (mirrors the API's TenantIdentificationMode).
@@ -86,6 +87,11 @@ type PoolPolicy struct {
 	MaxQueuedJobs int
 	// UpstreamTimeout bounds one upstream call.
 	UpstreamTimeout time.Duration
+	// Usage is the pool's usage monitoring (spec.usageMonitoring): the
+	// window and thresholds that flag a tenant far above its tier or with a
+	// high rate of limit violations (seed 002 section 7). The zero value
+	// takes usage.DefaultConfig.
+	Usage usage.Config
 }
 
 // Validate fills defaults into zero fields and returns an error naming the
@@ -137,6 +143,11 @@ func (p *PoolPolicy) Validate() error {
 	if p.UpstreamTimeout <= 0 {
 		p.UpstreamTimeout = DefaultUpstreamTimeout
 	}
+	if p.Usage == (usage.Config{}) {
+		p.Usage = usage.DefaultConfig()
+	} else {
+		p.Usage = p.Usage.Normalized()
+	}
 	return nil
 }
 
@@ -176,6 +187,10 @@ type TenantPolicy struct {
 	Limits limiter.Limits
 	// Weight in the fair queue (>= 1).
 	Weight int64
+	// Tier is the tenant's tier (spec.tier; "" when unset, a tier like any
+	// other): usage monitoring compares a tenant's usage with the median
+	// of the pool's tenants of the same tier (seed 002 section 7).
+	Tier string
 	// MaxQueued bounds the tenant's queued jobs; 0 refuses every job.
 	MaxQueued int
 	// DefaultDeadline of a job that sets none; a job may only shorten it.

@@ -37,6 +37,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
+	"github.com/fairshare-dev/fairshare/internal/usage"
 )
 
 // Errors of UpsertTenant.
@@ -68,6 +69,12 @@ type Tenant struct {
 
 	completed, expired, rejections, tokensUsed, dryRunRejections atomic.Int64
 
+	// clock stamps the rejections counted into usage; usage is the ring of
+	// the tenant's consumption over the pool's usage window (replaced when
+	// the window changes: SetPool).
+	clock clock.PassiveClock
+	usage atomic.Pointer[usage.Ring]
+
 	drainMu      sync.Mutex
 	lastDispatch time.Time     // the tenant's latest job dispatch
 	drainEvery   time.Duration // EWMA of the interval between its dispatches
@@ -90,8 +97,38 @@ func (t *Tenant) AddCompleted() { t.completed.Add(1) }
 // AddExpired counts one batch job that reached its deadline unsent.
 func (t *Tenant) AddExpired() { t.expired.Add(1) }
 
-// AddRejection counts one request or job refused by a limit.
-func (t *Tenant) AddRejection() { t.rejections.Add(1) }
+// AddRejection counts one request or job refused by a limit of the
+// tenant's own (rate, concurrency, KV blocks, budget, queue bound,
+// suspension): the rejections figure, and a refusal in the usage window at
+// the registry clock's now (the "limit violations" signal of seed 002
+// section 7).
+func (t *Tenant) AddRejection() {
+	t.rejections.Add(1)
+	if r := t.usage.Load(); r != nil {
+		r.Record(t.clock.Now(), usage.Counts{Refused: 1})
+	}
+}
+
+// RecordCall counts one admitted call settled at now in the usage window:
+// weighted tokens used (as settled, the figure of
+// used_weighted_tokens_total) and provider input and output tokens used
+// (the provider's usage, or the charge when it is unknown; 0 for a call
+// refunded in full). Call it once per admitted call, at settlement
+// (the cost-per-tenant signal of seed 002 section 7). O(1), no allocation.
+func (t *Tenant) RecordCall(now time.Time, weighted, input, output int64) {
+	if r := t.usage.Load(); r != nil {
+		r.Record(now, usage.Counts{WeightedTokens: max(weighted, 0), InputTokens: max(input, 0), OutputTokens: max(output, 0), Admitted: 1})
+	}
+}
+
+// UsageWindow returns the tenant's totals over the pool's usage window
+// ending at now.
+func (t *Tenant) UsageWindow(now time.Time) usage.Counts {
+	if r := t.usage.Load(); r != nil {
+		return r.Window(now)
+	}
+	return usage.Counts{}
+}
 
 // drainWeight is the weight of the newest interval in the drain-rate EWMA.
 const drainWeight = 0.25
@@ -473,6 +510,14 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 		}
 	}
 	r.pool.Store(&p)
+	// A new usage window resizes every tenant's ring, keeping the buckets
+	// that fall in the new window (a call recorded during the swap may be
+	// lost: the figures are a signal, not an account).
+	for _, t := range r.tenants {
+		if old := t.usage.Load(); old != nil && old.Span() != p.Usage.Window {
+			t.usage.Store(old.Resized(now, p.Usage.Window))
+		}
+	}
 	r.mu.Unlock()
 
 	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0, MaxWaitTokens: max(p.MaxWaitTokens, 0)}
@@ -485,6 +530,15 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 	r.qmu.Unlock()
 	r.notify()
 	return nil
+}
+
+// usageConfig returns the pool's usage-monitoring settings, or the
+// defaults before a pool policy is set.
+func (r *Registry) usageConfig() usage.Config {
+	if p := r.pool.Load(); p != nil {
+		return p.Usage
+	}
+	return usage.DefaultConfig()
 }
 
 // ClearPool forgets the pool policy (the ProviderPool was deleted): Ready
@@ -535,7 +589,8 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 		}
 	}
 	if cur == nil {
-		cur = &Tenant{ID: p.ID, Limiter: limiter.NewTenant(p.Limits, now)}
+		cur = &Tenant{ID: p.ID, Limiter: limiter.NewTenant(p.Limits, now), clock: r.clock}
+		cur.usage.Store(usage.NewRing(r.usageConfig().Window))
 		r.tenants[p.ID] = cur
 	} else {
 		cur.Limiter.Update(now, p.Limits)

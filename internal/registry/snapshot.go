@@ -6,6 +6,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
+	"github.com/fairshare-dev/fairshare/internal/usage"
 )
 
 // Snapshot is the pool's live figures at one instant, read by the status
@@ -46,6 +47,10 @@ type TenantSnapshot struct {
 	DryRun bool
 	// Budget of the current period, when the tenant has one.
 	Budget *BudgetStatus
+	// Usage is the tenant's consumption over the pool's usage window
+	// compared with its tier, and the verdict (usage.Evaluate; seed 002
+	// section 7).
+	Usage usage.Evaluation
 }
 
 // ObjectSnapshot is what the registry knows of one TenantQuota object.
@@ -92,6 +97,15 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 	r.qmu.Unlock()
 
 	s.Tenants = make([]TenantSnapshot, len(tenants))
+	ucfg := usage.DefaultConfig()
+	if s.Pool != nil {
+		ucfg = s.Pool.Usage
+	}
+	uin := make([]usage.Input, len(tenants))
+	for i, t := range tenants {
+		uin[i] = usage.Input{ID: t.ID, Tier: t.Policy().Tier, Counts: t.UsageWindow(now)}
+	}
+	evals := usage.Evaluate(ucfg, uin)
 	for i, t := range tenants {
 		p := t.Policy()
 		ts := TenantSnapshot{
@@ -100,6 +114,7 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 			Completed: t.completed.Load(), Expired: t.expired.Load(),
 			Rejections: t.rejections.Load(), TokensUsed: t.tokensUsed.Load(),
 			DryRunRejections: t.dryRunRejections.Load(), DryRun: p.DryRun,
+			Usage: evals[i],
 		}
 		if b, ok := t.Budget(now); ok {
 			ts.Budget = &b

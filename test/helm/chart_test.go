@@ -283,7 +283,7 @@ func TestPrometheusRuleMetricsExist(t *testing.T) {
 	want := []string{
 		"FairshareBatchBacklogGrowing", "FairshareJobsExpiring", "FairshareOperatorDown", "FairshareOperatorNoLeader",
 		"FairshareOperatorReconcileErrors", "FairsharePoolPausedLong", "FairshareSchedulerAbsent", "FairshareSchedulerDown",
-		"FairshareUpstreamHeadersMalformed", "FairshareUpstreamThrottled", "FairshareWebhookFailures",
+		"FairshareTenantUsageOutlier", "FairshareUpstreamHeadersMalformed", "FairshareUpstreamThrottled", "FairshareWebhookFailures",
 	}
 	sort.Strings(alerts)
 	if !slices.Equal(alerts, want) {
