@@ -6,14 +6,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -21,9 +27,19 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
-// DefaultForceRefresh is the longest an unchanged status goes without a
-// write (so lastReportTime shows the scheduler is alive): 5 minutes.
+// DefaultForceRefresh is how often the pool's status is rewritten when
+// nothing in it changed, so that its lastReportTime shows the scheduler is
+// alive: 5 minutes. TenantQuota statuses have no such heartbeat (issue 6).
 const DefaultForceRefresh = 5 * time.Minute
+
+// DefaultMaxWritesPerSecond is the status write budget of one scheduler when
+// StatusWriter.MaxWritesPerSecond is unset: 5 writes per second (issue 6).
+const DefaultMaxWritesPerSecond = 5.0
+
+// maxMessageBytes caps the message of a condition the scheduler writes (an
+// invalid spec's error text can be long), so that a status stays under
+// 4 KB (issue 6; see TestStatusSize).
+const maxMessageBytes = 256
 
 // State is what the sync reconcilers tell the status writer beyond the
 // registry: the last pool load error.
@@ -46,14 +62,36 @@ func (s *State) pool() (int64, error) {
 }
 
 // StatusWriter writes the scheduler-owned status of the pool and its
-// tenants every Interval with server-side apply on the status subresource
-// under field manager fairshare-scheduler, sending only the fields it owns.
-// An object whose payload (ignoring lastReportTime) equals the last one
-// written is skipped, unless ForceRefresh has passed since (BC-42;
-// style 2.4). Conditions keep their lastTransitionTime unless their status
-// flips.
+// tenants with server-side apply on the status subresource under field
+// manager fairshare-scheduler, sending only the fields it owns. Its load
+// on the API server is bounded independently of the tenant count (issue 6):
+//
+//   - An object is dirty when its payload (ignoring lastReportTime) differs
+//     from the one last written, or, on first sight, from the one the API
+//     server holds. A clean TenantQuota is never rewritten: its
+//     lastReportTime is when its figures were last written. Only the
+//     ProviderPool is rewritten unchanged, every ForceRefresh, as the
+//     scheduler's heartbeat (BC-42; style 2.4). An idle scheduler thus writes
+//     one object per ForceRefresh whatever the tenant count.
+//   - Every Interval a pass builds every status and writes dirty objects,
+//     spaced at least 1/MaxWritesPerSecond apart on Clock (a token bucket of
+//     burst 1, so no window of one second holds more than
+//     MaxWritesPerSecond writes, pass boundaries included). A pass stops when
+//     its next write would start at or after the next pass is due; what it
+//     did not write stays dirty and is written by a later pass with its
+//     latest payload (coalesced).
+//   - Order within a pass: the pool; then objects dirty for ForceRefresh or
+//     longer (so nothing starves, even under a storm of flips); then objects
+//     with a condition whose status flipped (or appeared); then the rest;
+//     oldest-dirty first within each class. The worst-case lag of a change
+//     is therefore about (dirty objects) / MaxWritesPerSecond plus one
+//     Interval: 10,000 dirty tenants at 5 writes/s take 2,000 s.
+//
+// Conditions keep their lastTransitionTime unless their status flips; a
+// flip not yet written keeps the time the scheduler first saw it.
 type StatusWriter struct {
-	// Client writes status (and reads the current conditions from the cache).
+	// Client writes status (and reads, on first sight of an object, its
+	// current status from the cache).
 	Client client.Client
 	// Registry provides the figures.
 	Registry *registry.Registry
@@ -63,36 +101,76 @@ type StatusWriter struct {
 	Namespace, PoolName string
 	// Interval between passes; <= 0 means 10 s.
 	Interval time.Duration
-	// ForceRefresh bounds how long an unchanged status goes unwritten; <= 0
-	// means DefaultForceRefresh.
+	// ForceRefresh is the pool's heartbeat: the longest its unchanged
+	// status goes unwritten; also the age past which a dirty object goes
+	// ahead of condition flips. <= 0 means DefaultForceRefresh.
 	ForceRefresh time.Duration
-	// Clock drives the ticker and timestamps; nil is the real clock.
+	// MaxWritesPerSecond is the scheduler's status write budget, in writes
+	// per second; <= 0 means DefaultMaxWritesPerSecond.
+	MaxWritesPerSecond float64
+	// Clock drives the ticker, the pacing of writes and timestamps; nil is
+	// the real clock.
 	Clock clock.WithTicker
 	// Log receives write errors.
 	Log logr.Logger
+	// Recorder, when set, receives a Warning event on a TenantQuota when
+	// the status that turns its UsageOutlier condition True is written
+	// (reason CostAboveTier or LimitViolations, the condition's message,
+	// which carries the figures; seed 002 section 7). One event per
+	// transition to True, not per pass.
+	Recorder record.EventRecorder
 
+	// mu serialises passes and guards the fields below.
 	mu   sync.Mutex
-	last map[string]written
+	objs map[string]*objState
+	// nextWrite is the earliest time the next write may start.
+	nextWrite time.Time
 }
 
-// written is the last payload applied to one object.
-type written struct {
+// objState is what the writer knows of one object: what the API server
+// holds of the scheduler's fields, and the latest payload when dirty.
+type objState struct {
+	kind, name string
+	// uid is the object's UID as read on first sight (events name it, so
+	// that kubectl describe lists them); empty when unreadable.
+	uid types.UID
+	// known: payload, at and conds describe the scheduler's part of the
+	// status on the API server (last written, or read on first sight).
+	known   bool
 	payload []byte
 	at      time.Time
 	conds   []metav1.Condition
+	// server is the status read on first sight (*tenantStatus or
+	// *poolStatus), compared once with the first payload built; nil after.
+	server any
+
+	// dirtySince is when the object first differed from what was written;
+	// zero when clean.
+	dirtySince time.Time
+	// flip: a condition's status differs from the written one.
+	flip bool
+	// pending: the latest payload and the function building its status
+	// with a given lastReportTime; pendingConds its conditions.
+	pending      []byte
+	build        func(*metav1.Time) any
+	pendingConds []metav1.Condition
+}
+
+// PassResult is what one pass did.
+type PassResult struct {
+	// Writes is the number of status writes that succeeded.
+	Writes int
+	// Dirty is the number of objects still dirty after the pass.
+	Dirty int
 }
 
 // NeedLeaderElection: only the leader writes status.
 func (w *StatusWriter) NeedLeaderElection() bool { return true }
 
-// Start writes status every Interval until ctx is cancelled.
+// Start runs a pass every Interval until ctx is cancelled, then writes
+// once more (final).
 func (w *StatusWriter) Start(ctx context.Context) error {
-	clk := w.clock()
-	interval := w.Interval
-	if interval <= 0 {
-		interval = 10 * time.Second
-	}
-	t := clk.NewTicker(interval)
+	t := w.clock().NewTicker(w.interval())
 	defer t.Stop()
 	for {
 		if _, err := w.WriteOnce(ctx); err != nil && ctx.Err() == nil {
@@ -112,14 +190,39 @@ const finalWriteTimeout = 5 * time.Second
 
 // final writes the figures once more at shutdown, so that a graceful
 // restart loses none of the period's budget spend (the next scheduler
-// seeds its budgets from status.budget). It is bounded by
-// finalWriteTimeout.
+// seeds its budgets from status.budget). It is a pass bounded by
+// finalWriteTimeout on Clock and on the wall clock, paced like any other:
+// with more than finalWriteTimeout x MaxWritesPerSecond dirty objects (25
+// by default), the oldest-dirty are written and the rest are lost.
 func (w *StatusWriter) final(ctx context.Context) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
-	if _, err := w.WriteOnce(fctx); err != nil {
+	if _, err := w.Pass(fctx, finalWriteTimeout); err != nil {
 		w.Log.Error(err, "writing status at shutdown")
 	}
+}
+
+func (w *StatusWriter) interval() time.Duration {
+	if w.Interval <= 0 {
+		return 10 * time.Second
+	}
+	return w.Interval
+}
+
+func (w *StatusWriter) forceRefresh() time.Duration {
+	if w.ForceRefresh <= 0 {
+		return DefaultForceRefresh
+	}
+	return w.ForceRefresh
+}
+
+// spacing is the least time between two write starts: 1/MaxWritesPerSecond.
+func (w *StatusWriter) spacing() time.Duration {
+	r := w.MaxWritesPerSecond
+	if r <= 0 {
+		r = DefaultMaxWritesPerSecond
+	}
+	return time.Duration(float64(time.Second) / r)
 }
 
 func (w *StatusWriter) clock() clock.WithTicker {
@@ -153,21 +256,45 @@ func cond(typ string, ok bool, gen int64, reason, msg string) metav1.Condition {
 	if ok {
 		s = metav1.ConditionTrue
 	}
-	return metav1.Condition{Type: typ, Status: s, ObservedGeneration: gen, Reason: reason, Message: msg}
+	return metav1.Condition{Type: typ, Status: s, ObservedGeneration: gen, Reason: reason, Message: truncateMessage(msg)}
 }
 
-// WriteOnce builds every object's status from a registry snapshot and
-// applies the changed ones. It returns the number of writes.
-func (w *StatusWriter) WriteOnce(ctx context.Context) (int, error) {
-	now := w.clock().Now()
-	snap := w.Registry.Snapshot(now)
-	w.mu.Lock()
-	if w.last == nil {
-		w.last = map[string]written{}
+// truncateMessage cuts msg to maxMessageBytes on a UTF-8 boundary, ending
+// it with "..." when cut.
+func truncateMessage(msg string) string {
+	if len(msg) <= maxMessageBytes {
+		return msg
 	}
-	w.mu.Unlock()
+	cut := maxMessageBytes - len("...")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
+}
+
+// WriteOnce runs one pass bounded by Interval and returns the number of
+// writes.
+func (w *StatusWriter) WriteOnce(ctx context.Context) (int, error) {
+	r, err := w.Pass(ctx, w.interval())
+	return r.Writes, err
+}
+
+// Pass builds every object's status from a registry snapshot, marks the
+// changed ones dirty and writes dirty objects in priority order, paced at
+// MaxWritesPerSecond on Clock, until none is left, ctx is done, or the next
+// write would start max or more after the pass began.
+func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clk := w.clock()
+	now := clk.Now()
+	deadline := now.Add(max)
+	snap := w.Registry.Snapshot(now)
+	if w.objs == nil {
+		w.objs = map[string]*objState{}
+	}
+	seen := make(map[string]struct{}, len(snap.Objects)+1)
 	var errs []error
-	writes := 0
 
 	tenants := map[string]registry.TenantSnapshot{}
 	for _, t := range snap.Tenants {
@@ -205,29 +332,40 @@ func (w *StatusWriter) WriteOnce(ctx context.Context) (int, error) {
 			if b := t.Budget; b != nil {
 				st.Budget = &v1alpha1.BudgetStatus{Used: ptr(b.Used), Remaining: ptr(b.Remaining), ResetTime: mtime(b.ResetTime)}
 			}
+			u, uc := usageStatus(t)
+			st.Usage = u
+			st.Conditions = append(st.Conditions, uc)
 		} else {
 			continue
 		}
-		n, err := w.apply(ctx, now, "TenantQuota", o.Name, &st.Conditions, func(last *metav1.Time) any {
+		if err := w.stage(ctx, now, "TenantQuota", o.Name, false, &st.Conditions, func(last *metav1.Time) any {
 			st.LastReportTime = last
-			return st
-		})
-		writes += n
-		if err != nil {
+			return &st
+		}); err != nil {
 			errs = append(errs, err)
 		}
+		seen["TenantQuota/"+o.Name] = struct{}{}
 	}
 
 	ps := w.poolStatus(snap)
-	n, err := w.apply(ctx, now, "ProviderPool", w.PoolName, &ps.Conditions, func(last *metav1.Time) any {
+	if err := w.stage(ctx, now, "ProviderPool", w.PoolName, true, &ps.Conditions, func(last *metav1.Time) any {
 		ps.LastReportTime = last
-		return ps
-	})
-	writes += n
+		return &ps
+	}); err != nil {
+		errs = append(errs, err)
+	}
+	seen["ProviderPool/"+w.PoolName] = struct{}{}
+	for key := range w.objs {
+		if _, ok := seen[key]; !ok {
+			delete(w.objs, key) // deleted, or no longer this writer's
+		}
+	}
+
+	res, err := w.writeDirty(ctx, now, deadline)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	return writes, errors.Join(errs...)
+	return res, errors.Join(errs...)
 }
 
 func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
@@ -297,81 +435,227 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 	return ps
 }
 
-// apply writes one object's status when its payload changed (or
-// ForceRefresh passed). conds is completed with lastTransitionTime (kept
-// from the last write, or from the object in the cache, unless the status
-// flipped). build returns the status with the given lastReportTime.
-func (w *StatusWriter) apply(ctx context.Context, now time.Time, kind, name string, conds *[]metav1.Condition, build func(*metav1.Time) any) (int, error) {
+// stage completes conds with lastTransitionTime and marks the object dirty
+// when its payload differs from what the API server holds (or, for the
+// pool, when ForceRefresh passed since it was written); clean otherwise.
+// build returns the status with the given lastReportTime.
+func (w *StatusWriter) stage(ctx context.Context, now time.Time, kind, name string, heartbeat bool, conds *[]metav1.Condition, build func(*metav1.Time) any) error {
 	key := kind + "/" + name
-	w.mu.Lock()
-	prev, hadPrev := w.last[key]
-	w.mu.Unlock()
-
-	existing := prev.conds
-	if !hadPrev {
-		existing = w.currentConditions(ctx, kind, name)
+	o := w.objs[key]
+	if o == nil {
+		o = &objState{kind: kind, name: name}
+		w.load(ctx, o)
+		w.objs[key] = o
 	}
+	stamp := metav1.NewTime(now.UTC().Truncate(time.Second))
+	flip := false
 	for i := range *conds {
 		c := &(*conds)[i]
-		c.LastTransitionTime = metav1.NewTime(now.UTC().Truncate(time.Second))
-		if old := meta.FindStatusCondition(existing, c.Type); old != nil && old.Status == c.Status {
+		c.LastTransitionTime = stamp
+		if old := meta.FindStatusCondition(o.conds, c.Type); old != nil && old.Status == c.Status {
 			c.LastTransitionTime = old.LastTransitionTime
+			continue
+		}
+		flip = true
+		if p := meta.FindStatusCondition(o.pendingConds, c.Type); p != nil && p.Status == c.Status {
+			c.LastTransitionTime = p.LastTransitionTime
 		}
 	}
 	payload, err := json.Marshal(build(nil))
 	if err != nil {
-		return 0, err
+		return err
 	}
-	force := w.ForceRefresh
-	if force <= 0 {
-		force = DefaultForceRefresh
+	if o.server != nil {
+		if sp, err := serverPayload(o.server, *conds); err == nil && bytes.Equal(sp, payload) {
+			o.known, o.payload = true, sp
+		}
+		o.server = nil
 	}
-	if hadPrev && bytes.Equal(payload, prev.payload) && now.Sub(prev.at) < force {
-		return 0, nil
+	if o.known && bytes.Equal(payload, o.payload) && (!heartbeat || now.Sub(o.at) < w.forceRefresh()) {
+		o.dirtySince, o.flip, o.pending, o.build, o.pendingConds = time.Time{}, false, nil, nil, nil
+		return nil
 	}
-	body, err := json.Marshal(build(mtime(now)))
+	if o.dirtySince.IsZero() {
+		o.dirtySince = now
+	}
+	o.flip, o.pending, o.build = flip, payload, build
+	o.pendingConds = append(o.pendingConds[:0], *conds...)
+	return nil
+}
+
+// serverPayload is the payload of the scheduler's part of a status read
+// from the API server: its conditions of the types in conds (in that order),
+// every other field but observedGeneration (the operator's) and
+// lastReportTime.
+func serverPayload(server any, conds []metav1.Condition) ([]byte, error) {
+	pick := func(have []metav1.Condition) []metav1.Condition {
+		var out []metav1.Condition
+		for _, c := range conds {
+			if h := meta.FindStatusCondition(have, c.Type); h != nil {
+				out = append(out, *h)
+			}
+		}
+		return out
+	}
+	switch s := server.(type) {
+	case *tenantStatus:
+		c := *s
+		c.Conditions, c.ObservedGeneration, c.LastReportTime = pick(s.Conditions), 0, nil
+		return json.Marshal(c)
+	case *poolStatus:
+		c := *s
+		c.Conditions, c.ObservedGeneration, c.LastReportTime = pick(s.Conditions), 0, nil
+		return json.Marshal(c)
+	}
+	return nil, fmt.Errorf("unexpected status %T", server)
+}
+
+// Write priority classes, first written first.
+const (
+	classPool = iota
+	classOverdue
+	classFlip
+	classRest
+)
+
+// writeDirty writes dirty objects in priority order, paced on the clock,
+// until none is left, ctx is done, or the next write would start at or
+// after deadline.
+func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) (PassResult, error) {
+	overdue := w.forceRefresh()
+	type item struct {
+		class int
+		key   string
+		o     *objState
+	}
+	var dirty []item
+	for key, o := range w.objs {
+		if o.dirtySince.IsZero() {
+			continue
+		}
+		it := item{class: classRest, key: key, o: o}
+		switch {
+		case o.kind == "ProviderPool":
+			it.class = classPool
+		case now.Sub(o.dirtySince) >= overdue:
+			it.class = classOverdue
+		case o.flip:
+			it.class = classFlip
+		}
+		dirty = append(dirty, it)
+	}
+	sort.Slice(dirty, func(i, j int) bool {
+		a, b := dirty[i], dirty[j]
+		if a.class != b.class {
+			return a.class < b.class
+		}
+		if !a.o.dirtySince.Equal(b.o.dirtySince) {
+			return a.o.dirtySince.Before(b.o.dirtySince)
+		}
+		return a.key < b.key
+	})
+	clk := w.clock()
+	var res PassResult
+	var errs []error
+	for _, it := range dirty {
+		if ctx.Err() != nil {
+			break
+		}
+		t := clk.Now()
+		if t.Before(w.nextWrite) {
+			if !w.nextWrite.Before(deadline) {
+				break
+			}
+			clk.Sleep(w.nextWrite.Sub(t))
+			t = clk.Now()
+		} else if !t.Before(deadline) {
+			break
+		}
+		w.nextWrite = t.Add(w.spacing())
+		ok, err := w.write(ctx, t, it.key, it.o)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			res.Writes++
+		}
+	}
+	for _, o := range w.objs {
+		if !o.dirtySince.IsZero() {
+			res.Dirty++
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// write applies one dirty object's latest status with lastReportTime at.
+// It reports whether the API server took the write; an object not found
+// is forgotten (it is deleted; the registry drops it soon).
+func (w *StatusWriter) write(ctx context.Context, at time.Time, key string, o *objState) (bool, error) {
+	// ToUnstructured keeps integers int64 (a JSON round trip through a map
+	// would turn them into float64, wrong above 2^53).
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o.build(mtime(at)))
 	if err != nil {
-		return 0, err
-	}
-	var status map[string]any
-	if err := json.Unmarshal(body, &status); err != nil {
-		return 0, err
+		return false, err
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{"status": status}}
 	u.SetAPIVersion(v1alpha1.GroupVersion.String())
-	u.SetKind(kind)
+	u.SetKind(o.kind)
 	u.SetNamespace(w.Namespace)
-	u.SetName(name)
+	u.SetName(o.name)
 	if err := w.Client.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership); err != nil {
 		if apierrors.IsNotFound(err) {
-			w.mu.Lock()
-			delete(w.last, key)
-			w.mu.Unlock()
-			return 0, nil
+			delete(w.objs, key)
+			return false, nil
 		}
-		return 0, fmt.Errorf("applying %s status: %w", key, err)
+		return false, fmt.Errorf("applying %s status: %w", key, err)
 	}
-	w.mu.Lock()
-	w.last[key] = written{payload: payload, at: now, conds: append([]metav1.Condition(nil), (*conds)...)}
-	w.mu.Unlock()
-	return 1, nil
+	w.recordTransitions(o)
+	o.known, o.payload, o.at = true, o.pending, at
+	o.conds = append(o.conds[:0], o.pendingConds...)
+	o.dirtySince, o.flip, o.pending, o.build, o.pendingConds = time.Time{}, false, nil, nil, nil
+	return true, nil
 }
 
-// currentConditions reads the object's conditions (to keep their
-// lastTransitionTime across a scheduler restart); nil when unreadable.
-func (w *StatusWriter) currentConditions(ctx context.Context, kind, name string) []metav1.Condition {
-	key := client.ObjectKey{Namespace: w.Namespace, Name: name}
-	switch kind {
+// load reads the object's current status on first sight (to keep its
+// conditions' lastTransitionTime across a scheduler restart, and to skip
+// writing a status the API server already holds); nothing when unreadable.
+func (w *StatusWriter) load(ctx context.Context, o *objState) {
+	key := client.ObjectKey{Namespace: w.Namespace, Name: o.name}
+	switch o.kind {
 	case "TenantQuota":
-		var o v1alpha1.TenantQuota
-		if w.Client.Get(ctx, key, &o) == nil {
-			return o.Status.Conditions
+		var obj v1alpha1.TenantQuota
+		if w.Client.Get(ctx, key, &obj) == nil {
+			o.conds, o.server, o.uid = obj.Status.Conditions, &obj.Status, obj.UID
+			if t := obj.Status.LastReportTime; t != nil {
+				o.at = t.Time
+			}
 		}
 	case "ProviderPool":
-		var o v1alpha1.ProviderPool
-		if w.Client.Get(ctx, key, &o) == nil {
-			return o.Status.Conditions
+		var obj v1alpha1.ProviderPool
+		if w.Client.Get(ctx, key, &obj) == nil {
+			o.conds, o.server = obj.Status.Conditions, &obj.Status
+			if t := obj.Status.LastReportTime; t != nil {
+				o.at = t.Time
+			}
 		}
 	}
-	return nil
+}
+
+// recordTransitions emits the Warning event of a TenantQuota whose
+// UsageOutlier condition turns True with the status about to be marked
+// written (o.pendingConds against o.conds, the last written).
+func (w *StatusWriter) recordTransitions(o *objState) {
+	if w.Recorder == nil || o.kind != "TenantQuota" {
+		return
+	}
+	now := meta.FindStatusCondition(o.pendingConds, v1alpha1.ConditionUsageOutlier)
+	if now == nil || now.Status != metav1.ConditionTrue {
+		return
+	}
+	if was := meta.FindStatusCondition(o.conds, v1alpha1.ConditionUsageOutlier); was != nil && was.Status == metav1.ConditionTrue {
+		return
+	}
+	obj := &v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: o.name, UID: o.uid}}
+	w.Recorder.Event(obj, corev1.EventTypeWarning, now.Reason, now.Message)
 }

@@ -103,7 +103,7 @@ func TestStatusWriterCoexistsWithOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := got.Status
-	if d := cmp.Diff([]string{"Serving", "Throttled"}, condTypes(st.Conditions)); d != "" {
+	if d := cmp.Diff([]string{"Serving", "Throttled", "UsageOutlier"}, condTypes(st.Conditions)); d != "" {
 		t.Errorf("conditions (-want +got):\n%s", d)
 	}
 	serving := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionServing)
@@ -150,15 +150,20 @@ func TestStatusWriterCoexistsWithOperator(t *testing.T) {
 				t.Errorf("pool figures = %+v", o.Status)
 			}
 		}
-		if d := cmp.Diff([]string{"Serving", "Throttled", "Accepted", "Ready"}, condTypes(conds)); d != "" {
+		want := []string{"Serving", "Throttled", "Accepted", "Ready"}
+		if name == "tq-a" {
+			want = []string{"Serving", "Throttled", "UsageOutlier", "Accepted", "Ready"}
+		}
+		if d := cmp.Diff(want, condTypes(conds)); d != "" {
 			t.Errorf("%s conditions (-want +got):\n%s", name, d)
 		}
 	}
 
-	// The forced refresh rewrites an unchanged status after 5 minutes.
+	// After 5 minutes the pool's unchanged status is rewritten (the
+	// heartbeat); the tenant's is not (issue 6).
 	fc.Step(DefaultForceRefresh)
-	if n, err := w.WriteOnce(ctx); err != nil || n != 2 {
-		t.Fatalf("forced refresh: %d writes, %v; want 2", n, err)
+	if n, err := w.WriteOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("heartbeat: %d writes, %v; want 1 (the pool)", n, err)
 	}
 }
 

@@ -211,7 +211,8 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 	}
 	if err := mgr.Add(&kube.StatusWriter{Client: mgr.GetClient(), Registry: reg, State: state, Namespace: s.Namespace,
 		PoolName: s.PoolName, Interval: time.Duration(s.StatusIntervalSeconds) * time.Second, Clock: clk,
-		Log: log.WithName("status")}); err != nil {
+		Recorder: mgr.GetEventRecorderFor(v1alpha1.FieldManagerScheduler),
+		Log:      log.WithName("status")}); err != nil {
 		return err
 	}
 	if health != "0" {
