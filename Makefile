@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart test-ha ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart test-ha test-quiet ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -70,8 +70,8 @@ test-fuzz: ## Run every Go fuzz target for a bounded number of executions (FUZZT
 	hack/fuzz.sh $(FUZZTIME)
 
 .PHONY: test-envtest
-test-envtest: tools ## Controller, status writer and CRD validation tests on a real kube-apiserver + etcd.
-	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./test/cel/...
+test-envtest: tools ## Controller, status writer, CRD validation and kubectl explain tests on a real kube-apiserver + etcd.
+	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./test/cel/... ./test/explain/...
 
 .PHONY: test-helm
 test-helm: tools ## helm lint and template with default and non-default values, alert/dashboard metric names, schema, and helm install onto a local API server (about 1 min).
@@ -101,6 +101,10 @@ test-restart: tools ## Kill -9 the scheduler mid-import on the real control plan
 test-ha: tools ## Two scheduler replicas on the real control plane: one Lease holder serves and writes status; kill -9 the leader mid-backlog, the standby takes over within the lease bound with no job lost (about 1.5 min).
 	$(GO) test -count=1 -timeout 10m -v ./test/ha/...
 
+.PHONY: test-quiet
+test-quiet: tools ## API writes of a converged pool with 3 tenants, the operator and a scheduler during one quiet minute: leases only (about 2 min).
+	$(GO) test -count=1 -timeout 5m -v ./test/quiet/...
+
 ##@ Demo and benchmarks
 
 .PHONY: exercises
@@ -112,8 +116,9 @@ demo: tools ## Start a local control plane, the operator, a scheduler and the si
 	$(GO) run ./test/demo
 
 .PHONY: bench
-bench: ## Run the Go benchmarks (benchstat-compatible output in docs/benchmarks.raw.txt).
-	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/... | tee docs/benchmarks.raw.txt
+bench: tools ## Run the Go benchmarks, the status writer's with 10k TenantQuotas on the local API server (benchstat-compatible output in docs/benchmarks.raw.txt).
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 $$($(GO) list ./internal/... | grep -v /internal/kube) | tee docs/benchmarks.raw.txt
+	$(GO) test -run '^$$' -bench StatusWriter -benchtime 20x -count 1 -timeout 20m ./internal/kube/ | tee -a docs/benchmarks.raw.txt
 	$(GO) test -run '^$$' -bench Goodput -benchtime 1x -count 1 -timeout 30m ./test/goodput/ | tee -a docs/benchmarks.raw.txt
 
 $(CONTROLLER_GEN):

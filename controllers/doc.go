@@ -17,7 +17,9 @@
 // status write with a fresh lastTransitionTime re-triggers the reconciler and
 // becomes a hot loop).
 //
-// Condition computation is pure (set*Condition functions taking the object,
-// its inputs and the time) and table-tested; the envtest suite in
+// Each Reconcile runs the phases get, reconcile (objects, or lookups),
+// compute (computePoolStatus, computeTenantStatus: pure, built from the
+// set*Condition functions taking the object, its inputs and the time, and
+// table-tested) and patch (one status apply, only on change); the envtest suite in
 // suite_test.go runs both reconcilers against a real kube-apiserver and etcd.
 package controllers

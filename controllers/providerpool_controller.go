@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -26,6 +27,8 @@ type ProviderPoolReconciler struct {
 	client   client.Client
 	scheme   *runtime.Scheme
 	recorder record.EventRecorder
+	// rolls deduplicates SchedulerRolled events (see rollAnnouncer).
+	rolls rollAnnouncer
 	options
 }
 
@@ -49,27 +52,35 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile applies the pool's rendered objects and then writes the pool's
-// Accepted and Ready conditions if they changed. A pool that cannot be
-// rendered is not retried (Accepted=False InvalidSpec until its spec
-// changes); an apply error is returned so the request is retried with backoff.
+// Reconcile runs the pool's phases in the Cluster API style:
+//
+//  1. get the pool (gone or being deleted: nothing to do; the garbage
+//     collector deletes the owned objects);
+//  2. reconcileObjects: render and apply the scheduler objects (events:
+//     SchedulerRolled, JobStoreNotShared);
+//  3. computePoolStatus: the Accepted and Ready conditions and
+//     status.observedGeneration, pure (no API call);
+//  4. reconcileStatus: one status apply, only when that differs from what
+//     the server holds (events: SchedulerAvailable, RenderFailed, and the
+//     Ready reason when Ready is lost).
+//
+// A pool that cannot be rendered is not retried (Accepted=False InvalidSpec
+// until its spec changes); an apply error is returned so the request is
+// retried with backoff.
 func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pool := &v1alpha1.ProviderPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.rolls.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !pool.DeletionTimestamp.IsZero() {
-		// The garbage collector deletes the owned objects; nothing to apply.
 		return ctrl.Result{}, nil
 	}
 
 	objs := r.reconcileObjects(ctx, pool)
-
-	desired := pool.DeepCopy()
-	now := conditionTime(r.clock)
-	setAcceptedCondition(desired, objs.renderErr, now)
-	setReadyCondition(desired, objs.deployment, errors.Join(objs.renderErr, objs.applyErr), now)
-	desired.Status.ObservedGeneration = pool.Generation
+	desired := computePoolStatus(pool, objs, conditionTime(r.clock))
 
 	if err := r.reconcileStatus(ctx, pool, desired); err != nil {
 		if res, ok := retryOnConflict(ctx, err); ok && objs.applyErr == nil {

@@ -61,6 +61,12 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 				return objectsResult{applyErr: err}
 			}
 		}
+		var announceRoll func() // set for the Deployment: called once it is applied
+		if d, ok := obj.(*appsv1.Deployment); ok {
+			if announceRoll, err = r.rollAnnouncement(ctx, pool, d); err != nil {
+				return objectsResult{applyErr: err}
+			}
+		}
 		if err := r.client.Patch(ctx, obj, client.Apply,
 			client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership); err != nil {
 			err = fmt.Errorf("applying %s %s: %w",
@@ -73,6 +79,9 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 			}
 			return objectsResult{applyErr: err}
 		}
+		if announceRoll != nil {
+			announceRoll()
+		}
 	}
 	if objs.JobStoreClaim == nil {
 		if err := r.deleteJobStoreClaim(ctx, pool); err != nil {
@@ -80,6 +89,32 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 		}
 	}
 	return objectsResult{deployment: objs.Deployment, applyErr: claimErr}
+}
+
+// rollAnnouncement reads the pool's current scheduler Deployment (from the
+// cache) before desired is applied and returns what to call once the apply
+// succeeded: remember desired's pod template and, when the apply changes the
+// settings hash or image of an existing Deployment, record a Normal
+// SchedulerRolled event on the pool (see rollMessage). A roll already
+// announced is not announced again (a cache that has not yet seen the
+// operator's own apply still shows the old template); a Deployment that
+// does not exist yet is being created: no event.
+func (r *ProviderPoolReconciler) rollAnnouncement(ctx context.Context, pool *v1alpha1.ProviderPool, desired *appsv1.Deployment) (func(), error) {
+	key := client.ObjectKeyFromObject(pool)
+	want := templateOf(desired)
+	cur := &appsv1.Deployment{}
+	msg := ""
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(desired), cur); err == nil {
+		msg = r.rolls.message(key, desired.Name, templateOf(cur), want)
+	} else if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("getting Deployment %s: %w", client.ObjectKeyFromObject(desired), err)
+	}
+	return func() {
+		r.rolls.remember(key, want)
+		if msg != "" {
+			r.recorder.Event(pool, corev1.EventTypeNormal, v1alpha1.ReasonSchedulerRolled, msg)
+		}
+	}, nil
 }
 
 // errClaimTerminating: the pool's job store claim is being deleted.

@@ -11,6 +11,18 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/render"
 )
 
+// computePoolStatus returns a copy of pool with the operator-owned status
+// it should have after the objects phase returned objs: the Accepted and
+// Ready conditions (setAcceptedCondition, setReadyCondition, stamped now) and
+// status.observedGeneration = metadata.generation. It makes no API call.
+func computePoolStatus(pool *v1alpha1.ProviderPool, objs objectsResult, now metav1.Time) *v1alpha1.ProviderPool {
+	desired := pool.DeepCopy()
+	setAcceptedCondition(desired, objs.renderErr, now)
+	setReadyCondition(desired, objs.deployment, errors.Join(objs.renderErr, objs.applyErr), now)
+	desired.Status.ObservedGeneration = pool.Generation
+	return desired
+}
+
 // setAcceptedCondition sets the pool's Accepted condition: False with reason
 // InvalidSpec and the render error as message when renderErr wraps
 // render.ErrInvalidPool (the spec or name cannot be rendered), True with

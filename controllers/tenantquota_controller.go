@@ -57,9 +57,16 @@ func NewTenantQuotaReconciler(c client.Client, scheme *runtime.Scheme, recorder 
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=tenantquotas/status,verbs=get;patch
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools,verbs=get;list;watch
 
-// Reconcile resolves the tenant's pool and any TenantQuota that already holds
-// its tenant id, then writes the tenant's Accepted and Ready conditions if
-// they changed.
+// Reconcile runs the tenant's phases in the Cluster API style:
+//
+//  1. get the TenantQuota (gone or being deleted: nothing to do);
+//  2. lookupPool and lookupTenantIDHolder: resolve its pool and any other
+//     TenantQuota already holding its tenant id (cached reads only);
+//  3. computeTenantStatus: the Accepted and Ready conditions and
+//     status.observedGeneration, pure (no API call);
+//  4. reconcileStatus: one status apply, only when that differs from what
+//     the server holds (a Warning event with the reason when the tenant is
+//     rejected: PoolNotFound, DuplicateTenantID).
 func (r *TenantQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	tq := &v1alpha1.TenantQuota{}
 	if err := r.client.Get(ctx, req.NamespacedName, tq); err != nil {
@@ -77,12 +84,7 @@ func (r *TenantQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-
-	desired := tq.DeepCopy()
-	now := conditionTime(r.clock)
-	setTenantAcceptedCondition(desired, pool, holder, now)
-	setTenantReadyCondition(desired, pool, now)
-	desired.Status.ObservedGeneration = tq.Generation
+	desired := computeTenantStatus(tq, pool, holder, conditionTime(r.clock))
 
 	if err := r.reconcileStatus(ctx, tq, desired); err != nil {
 		if res, ok := retryOnConflict(ctx, err); ok {

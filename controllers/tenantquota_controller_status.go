@@ -39,6 +39,20 @@ func poolReady(pool *v1alpha1.ProviderPool) bool {
 	return pool != nil && apimeta.IsStatusConditionTrue(pool.Status.Conditions, v1alpha1.ConditionReady)
 }
 
+// computeTenantStatus returns a copy of tq with the operator-owned status
+// it should have given its pool (nil: not found) and the TenantQuota
+// holding its tenant id (nil: none but tq): the Accepted then Ready
+// conditions (setTenantAcceptedCondition, setTenantReadyCondition, stamped
+// now) and status.observedGeneration = metadata.generation. It makes no API
+// call.
+func computeTenantStatus(tq *v1alpha1.TenantQuota, pool *v1alpha1.ProviderPool, holder *v1alpha1.TenantQuota, now metav1.Time) *v1alpha1.TenantQuota {
+	desired := tq.DeepCopy()
+	setTenantAcceptedCondition(desired, pool, holder, now)
+	setTenantReadyCondition(desired, pool, now)
+	desired.Status.ObservedGeneration = tq.Generation
+	return desired
+}
+
 // setTenantAcceptedCondition sets the tenant's Accepted condition:
 //   - False PoolNotFound when pool is nil (spec.poolRef names no pool in the namespace);
 //   - False DuplicateTenantID when holder (another TenantQuota of the pool
