@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-e2e test-restart test-ha test-quiet ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-faults test-e2e test-restart test-ha test-quiet ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -100,6 +100,10 @@ test-restart: tools ## Kill -9 the scheduler mid-import on the real control plan
 .PHONY: test-ha
 test-ha: tools ## Two scheduler replicas on the real control plane: one Lease holder serves and writes status; kill -9 the leader mid-backlog, the standby takes over within the lease bound with no job lost (about 1.5 min).
 	$(GO) test -count=1 -timeout 10m -v ./test/ha/...
+
+.PHONY: test-faults
+test-faults: ## Upstream faults from the simulator (5xx, reset, hang, malformed, cut stream, no usage, bare 429) through the real gateway: client answer, refund, slots, retries (a few seconds).
+	$(GO) test -race -count=1 ./test/faults/...
 
 .PHONY: test-quiet
 test-quiet: tools ## API writes of a converged pool with 3 tenants, the operator and a scheduler during one quiet minute: leases only (about 2 min).

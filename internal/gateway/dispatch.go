@@ -454,8 +454,15 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, g.maxResp+1))
 	switch {
 	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout:
+		// Retried with backoff, never sooner than the provider's
+		// Retry-After (brief "data plane contract": 5xx retry until the
+		// deadline).
 		c.settle(settleRefund, limiter.Usage{})
-		d.retryLater(now, fj, job, fmt.Sprintf("The provider answered %d.", resp.StatusCode))
+		var notBefore time.Duration
+		if q.HasRetryAfter {
+			notBefore = q.RetryAfter
+		}
+		d.retryLaterAfter(now, fj, job, fmt.Sprintf("The provider answered %d.", resp.StatusCode), notBefore)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		// The provider refused the request itself (400, 413, ...): retrying
 		// it unchanged can never succeed (BC-10).
@@ -466,6 +473,13 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		c.settle(settleUsage, limiter.Usage{})
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
 			Message: "The provider's response broke off or was too large."}, nil, nil)
+	case !json.Valid(body):
+		// The provider processed the call (200) but its body is not JSON:
+		// no result to record, usage unknown, the charge stands (BC-28a);
+		// not retried, since a retry would be charged again.
+		c.settle(settleUsage, limiter.Usage{})
+		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
+			Message: "The provider's response was not valid JSON."}, nil, nil)
 	default:
 		u := parseBodyUsage(body)
 		c.settle(settleUsage, u)
@@ -502,6 +516,12 @@ func (d *dispatcher) requeueNow(fj *fairqueue.Job, attempts int) {
 // retryLater schedules a retry after exponential backoff with jitter, or
 // fails the job when the retry would fall after its deadline.
 func (d *dispatcher) retryLater(now time.Time, fj *fairqueue.Job, job jobs.Job, msg string) {
+	d.retryLaterAfter(now, fj, job, msg, 0)
+}
+
+// retryLaterAfter is retryLater with a floor on the wait: notBefore, the
+// provider's Retry-After of a 5xx (0: none).
+func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.Job, msg string, notBefore time.Duration) {
 	g := d.g
 	backoff := retryBase << min(max(job.Attempts-1, 0), 10)
 	backoff = min(backoff, retryCap)
@@ -510,7 +530,7 @@ func (d *dispatcher) retryLater(now time.Time, fj *fairqueue.Job, job jobs.Job, 
 		r = g.rand
 	}
 	backoff = backoff/2 + time.Duration(r()*float64(backoff/2))
-	at := now.Add(backoff)
+	at := now.Add(max(backoff, notBefore))
 	if !at.Before(fj.Deadline) {
 		d.finish(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
 			Message: msg + " The deadline passed before another attempt."})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/throttle"
 )
 
 // OpenAI error types used in our error bodies.
@@ -39,14 +40,17 @@ const (
 	codePoolConcurrency        = "pool_concurrency_limit"
 	codeUpstreamUnavailable    = "upstream_unavailable"
 	codeUpstreamTimeout        = "upstream_timeout"
-	codeNotReady               = "not_ready"
-	codeJobNotFound            = "job_not_found"
-	codeJobNotCancellable      = "job_not_cancellable"
-	codeInvalidEndpoint        = "invalid_endpoint"
-	codeInvalidDeadline        = "invalid_deadline"
-	codeStreamNotSupported     = "stream_not_supported"
-	codeMethodNotAllowed       = "method_not_allowed"
-	codeMaxTokensTooLarge      = "max_tokens_too_large"
+	// codeUpstreamInvalidResponse: the provider answered 200 with a body
+	// that is not valid JSON (502).
+	codeUpstreamInvalidResponse = "upstream_invalid_response"
+	codeNotReady                = "not_ready"
+	codeJobNotFound             = "job_not_found"
+	codeJobNotCancellable       = "job_not_cancellable"
+	codeInvalidEndpoint         = "invalid_endpoint"
+	codeInvalidDeadline         = "invalid_deadline"
+	codeStreamNotSupported      = "stream_not_supported"
+	codeMethodNotAllowed        = "method_not_allowed"
+	codeMaxTokensTooLarge       = "max_tokens_too_large"
 )
 
 // Quota units of quotaDim. unitTokens and unitRequests name the
@@ -359,6 +363,19 @@ func budgetError(resetIn time.Duration, st registry.BudgetStatus, b *registry.Bu
 		message: fmt.Sprintf("Budget exhausted: %d of the tenant's %d weighted tokens per %s are used, %d left. "+
 			"Retry after %s (in %ds) or ask for a larger budget.",
 			st.Used+st.Reserved, budget, period, st.Remaining, st.ResetTime.UTC().Format(time.RFC3339), retryAfterSeconds(resetIn))}
+}
+
+// upstreamRetryAfter is the Retry-After passed to the client with a
+// provider's 5xx (or 408): the provider's Retry-After (delay-seconds or an
+// HTTP-date), retry-after-ms or x-ms-retry-after-ms as the throttle's parser
+// read them (the millisecond forms first), in whole seconds rounded up, at
+// least 1 (BC-09); ok false when the provider sent none or the status is
+// not a server error.
+func upstreamRetryAfter(status int, q throttle.Quota) (string, bool) {
+	if (status < 500 && status != http.StatusRequestTimeout) || !q.HasRetryAfter {
+		return "", false
+	}
+	return strconv.FormatInt(retryAfterSeconds(q.RetryAfter), 10), true
 }
 
 // upstreamQuotaError is the 503 of a call the pool cannot start now: the

@@ -130,9 +130,15 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		// The provider refused or failed the call: full refund (BC-22), the
-		// status and body are passed through.
+		// status and body are passed through, with a 5xx's Retry-After
+		// normalised to whole seconds (upstreamRetryAfter). The call is
+		// not retried: the client decides (brief "data plane contract":
+		// only batch jobs retry).
 		c.settle(settleRefund, limiter.Usage{})
 		g.countRequest(t, metrics.OutcomeUpstreamError)
+		if ra, ok := upstreamRetryAfter(resp.StatusCode, q); ok {
+			w.Header().Set("Retry-After", ra)
+		}
 		g.writeUpstream(w, t, resp, nil)
 		return
 	}
@@ -150,6 +156,16 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	var u limiter.Usage
 	if int64(len(b)) <= g.maxResp {
+		if !json.Valid(b) {
+			// A 200 whose body is not JSON (RFC 9110 section 15.6.3: an
+			// invalid response from the inbound server is a 502). The
+			// provider did process the call and its usage is unknown: the
+			// charge stands (BC-28a).
+			c.settle(settleUsage, limiter.Usage{})
+			g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamInvalidResponse,
+				message: "The provider's response was not valid JSON."})
+			return
+		}
 		u = parseBodyUsage(b)
 	}
 	// Settle before the body is written, so a client that sends its next
@@ -234,6 +250,7 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		return limiter.Usage{PromptTokens: c.res.Cost().PromptTokens, OutputTokens: generated, Known: true}
 	}
 	clientOK := true
+	var readErr error // the provider's stream broke off (not a clean EOF)
 	emit := func() {
 		if len(event) == 0 {
 			return
@@ -273,6 +290,9 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 			emit()
 		}
 		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				readErr = err
+			}
 			break
 		}
 	}
@@ -281,10 +301,20 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	}
 	c.settle(settleUsage, usage()) // no-op when settled at [DONE]
 	outcome := metrics.OutcomeOK
-	if !clientOK || r.Context().Err() != nil {
+	switch {
+	case !clientOK || r.Context().Err() != nil:
 		outcome = metrics.OutcomeClientGone
+	case readErr != nil:
+		outcome = metrics.OutcomeUpstreamError
 	}
 	g.countRequest(c.tenant, outcome)
+	if outcome == metrics.OutcomeUpstreamError {
+		// The provider's stream broke off (reset, timeout): end the
+		// client's response abruptly too, as a reverse proxy does, so the
+		// client reads a truncated response (no terminating chunk) rather
+		// than a stream that looks complete without its [DONE].
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // countRequest counts a request's outcome in requests_total, unless its

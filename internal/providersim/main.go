@@ -28,7 +28,8 @@ const shutdownGrace = 10 * time.Second
 // --window (Window), --sub-window (SubWindow), --classic-reset
 // (ClassicResetForm), --anthropic-remaining-step (AnthropicRemainingStep),
 // --anthropic-headers (AnthropicHeaders),
-// --retry-after-http-date (RetryAfterHTTPDate). It returns flag,
+// --retry-after-http-date (RetryAfterHTTPDate), --fault (Fault, the form of
+// ParseFault). It returns flag,
 // configuration, listen and serve errors; flag.ErrHelp for -h.
 func Main(ctx context.Context, args []string, out io.Writer) error {
 	cfg, addr, err := parseFlags(args, out)
@@ -58,6 +59,14 @@ func parseFlags(args []string, out io.Writer) (Config, string, error) {
 	fs.Int64Var(&cfg.AnthropicRemainingStep, "anthropic-remaining-step", DefaultAnthropicRemainingStep, "anthropic: tokens remaining rounded to a multiple of this (nearest with inout headers, down with tokens; 1 = exact)")
 	fs.StringVar(&cfg.AnthropicHeaders, "anthropic-headers", AnthropicHeadersInOut, "anthropic token headers: inout (input-tokens, output-tokens and, with --tokens-per-minute, tokens triplets, remaining rounded to nearest) or tokens (tokens triplet only, rounded down)")
 	fs.BoolVar(&cfg.RetryAfterHTTPDate, "retry-after-http-date", false, "send Retry-After on 429 as an HTTP-date instead of delay-seconds (not azure)")
+	fs.Func("fault", "inject an upstream fault into chat completions: KIND[=ARG][,KEY=VALUE]...; kinds: "+
+		"status=5xx (with retry-after=S, retry-after-ms=MS), reset, hang=DURATION, malformed, cut=FRAMES, no-usage, throttle "+
+		"(429 without Retry-After or rate-limit headers); keys count=N (next N requests) and every=K (1 request in K); "+
+		"changed at run time with POST /faults?fault=SPEC, cleared with DELETE /faults", func(v string) error {
+		f, err := ParseFault(v)
+		cfg.Fault = f
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}

@@ -20,6 +20,22 @@
 // buckets, as the servers that speak them do; Azure additionally enforces
 // the per-minute quota over short sub-windows (Config.SubWindow). See
 // dialects.go for the exact header and 429 forms.
+//
+// # Fault injection
+//
+// For reliability tests the simulator injects upstream failures into chat
+// completions (faults.go): a 5xx with or without Retry-After and
+// retry-after-ms ("status=503,retry-after=7"), a connection reset before
+// the response ("reset"), a hang past the client's timeout ("hang=30s"), a
+// 200 whose JSON body is malformed ("malformed"), a response cut after k
+// stream frames or half its JSON body, by a reset ("cut=3"), a 200 without
+// usage, JSON or stream ("no-usage"), and a 429 without Retry-After or any
+// rate-limit header ("throttle"). A fault applies to every request, to the
+// next count=N, or to one request in every=K (the 1st, K+1-th, ...:
+// deterministic). Set it in Go with Server.SetFault, over HTTP with
+// POST /faults?fault=<spec> (or a JSON Fault body; GET shows it, DELETE
+// clears it), or at start with --fault <spec>. Stats.Faults counts the
+// faulted requests; Stats.Requests counts every attempt.
 package providersim
 
 import (
@@ -198,6 +214,9 @@ type Config struct {
 	Models []string
 	// Clock is the time source for the buckets and delays. nil = the real clock.
 	Clock clock.Clock
+	// Fault is injected from New on (Server.SetFault; zero Kind: none).
+	// SetConfig does not change the injected fault.
+	Fault Fault
 }
 
 // Validate reports a configuration error: negative limits, durations or
@@ -220,6 +239,9 @@ func (c Config) Validate() error {
 		return errors.New("providersim: input and output tokens limits must be >= 0 (0 = unlimited)")
 	case (c.InputTokensPerMinute > 0 || c.OutputTokensPerMinute > 0) && c.dialect() != DialectAnthropic:
 		return errors.New("providersim: input and output tokens limits are for the anthropic dialect only")
+	}
+	if err := c.Fault.Validate(); err != nil {
+		return err
 	}
 	switch c.AnthropicHeaders {
 	case "", AnthropicHeadersInOut, AnthropicHeadersTokens:
@@ -335,6 +357,9 @@ type Stats struct {
 	FirstExhausted time.Time `json:"first_exhausted,omitzero"`
 	// LastExhausted is the latest such time; zero until the first.
 	LastExhausted time.Time `json:"last_exhausted,omitzero"`
+	// Faults is the requests answered with an injected fault (SetFault);
+	// they are counted in Requests too.
+	Faults int64 `json:"faults,omitempty"`
 }
 
 // Server is the simulated provider, an http.Handler. Safe for concurrent use.
@@ -348,6 +373,7 @@ type Server struct {
 	cfg      Config
 	stats    Stats
 	inflight int64
+	fault    faultState
 }
 
 // New returns a Server with full buckets. It panics if cfg.Validate fails
@@ -359,12 +385,13 @@ func New(cfg Config) *Server {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	s := &Server{clock: cfg.Clock, cfg: cfg}
+	s := &Server{clock: cfg.Clock, cfg: cfg, fault: faultState{f: cfg.Fault}}
 	now := s.clock.Now()
 	s.meterSet = meters(cfg, now)
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
+	s.mux.HandleFunc("/faults", s.handleFaults)
 	s.mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -445,8 +472,8 @@ func (s *Server) Stats() Stats {
 	return s.stats
 }
 
-// ServeHTTP serves POST /v1/chat/completions, GET /v1/models, GET /stats and
-// GET /healthz.
+// ServeHTTP serves POST /v1/chat/completions, GET /v1/models, GET /stats,
+// GET /healthz and the fault control API /faults (Server.handleFaults).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // chatRequest is the part of an OpenAI chat completion request the simulator reads.
@@ -613,6 +640,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, cfg.dialect(), http.StatusBadRequest, "invalid_request_error", "", err.Error())
 		return
 	}
+	fault := s.nextFault()
+	if s.injectEarly(r.Context(), w, fault) {
+		return
+	}
 	maxOut := int64(DefaultMaxOutputTokens)
 	switch {
 	case req.MaxCompletionTokens != nil:
@@ -644,17 +675,29 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		n:       n,
 		finish:  finishReason,
 	}
-	if req.Stream {
-		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(r.Context(), w, a.cfg, c, maxOut, includeUsage)
+	if req.Stream && fault.Kind != FaultMalformed {
+		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage && fault.Kind != FaultNoUsage
+		s.stream(r.Context(), w, a.cfg, c, maxOut, includeUsage, fault)
 		return
 	}
 	if !s.sleep(r.Context(), a.cfg.Latency+time.Duration(max(n-1, 0))*a.cfg.FrameInterval) {
 		s.finish(maxOut, 0, false)
 		return
 	}
-	s.finish(maxOut, n, true)
-	writeJSON(w, http.StatusOK, c.body())
+	switch fault.Kind {
+	case FaultMalformed:
+		s.finish(maxOut, n, true)
+		writeMalformed(w, c.body())
+	case FaultCut:
+		s.finish(maxOut, n, false)
+		writeCutBody(w, c.body())
+	case FaultNoUsage:
+		s.finish(maxOut, n, true)
+		writeJSON(w, http.StatusOK, c.bodyWithoutUsage())
+	default:
+		s.finish(maxOut, n, true)
+		writeJSON(w, http.StatusOK, c.body())
+	}
 }
 
 // parseChat decodes a chat completion request and counts its prompt tokens.
@@ -710,7 +753,8 @@ func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
 // (the first also carries the role), a chunk with the finish_reason, then a
 // usage chunk with empty choices only when includeUsage, then "data: [DONE]".
 // With includeUsage every earlier chunk carries "usage": null, as OpenAI's do.
-func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, c completion, maxOut int64, includeUsage bool) {
+// A FaultCut fault resets the connection after its Frames content frames.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, c completion, maxOut int64, includeUsage bool, fault Fault) {
 	if !s.sleep(ctx, cfg.Latency) {
 		s.finish(maxOut, 0, false)
 		return
@@ -732,6 +776,11 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, 
 	}
 	frames := max(c.n, 1) // a zero-token reply still sends the role chunk
 	for i := range frames {
+		if fault.Kind == FaultCut && i >= fault.Frames {
+			s.finish(maxOut, i, false)
+			resetConn(w)
+			return
+		}
 		if i > 0 && !s.sleep(ctx, cfg.FrameInterval) {
 			s.finish(maxOut, i, false)
 			return
@@ -749,6 +798,11 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, cfg Config, 
 			s.finish(maxOut, i, false)
 			return
 		}
+	}
+	if fault.Kind == FaultCut { // Frames >= the frames generated: cut before the finish chunk
+		s.finish(maxOut, c.n, false)
+		resetConn(w)
+		return
 	}
 	s.finish(maxOut, c.n, true)
 	reason := c.finish
