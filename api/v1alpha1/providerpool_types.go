@@ -318,7 +318,8 @@ type SchedulerSpec struct {
 	StatusIntervalSeconds int32 `json:"statusIntervalSeconds,omitempty"`
 
 	// jobStore is where the scheduler keeps batch jobs: by default a
-	// 1Gi ReadWriteOnce PersistentVolumeClaim (type Volume).
+	// 1Gi ReadWriteOnce PersistentVolumeClaim (type Volume). Defaults to {}
+	// (each field at its own default).
 	// +optional
 	// +kubebuilder:default={}
 	JobStore JobStoreSpec `json:"jobStore,omitempty,omitzero"`
@@ -476,6 +477,31 @@ type ModelQuotaStatus struct {
 	PausedUntil *metav1.Time `json:"pausedUntil,omitempty"`
 }
 
+// TierUsageStatus is one tier's usage over the pool's usage window
+// (spec.usageMonitoring.windowSeconds). Its field names are short because
+// the pool's status lists up to 16 tiers and stays under 4 KB (issue 6).
+type TierUsageStatus struct {
+	// tier is the tier's name (spec.tier of its TenantQuotas; "" for the
+	// tenants that set none).
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Tier string `json:"tier"`
+
+	// active is the number of the tier's tenants with traffic in the
+	// window; absent when none has.
+	// +optional
+	Active int64 `json:"active,omitempty"`
+
+	// median is the median of the weighted tokens the tier's active
+	// tenants used in the window, in weighted tokens (the mean of the two
+	// middle values, rounded down, for an even number); absent while the
+	// tier has fewer than spec.usageMonitoring.minTierSize active tenants.
+	// A tenant whose usage reaches spec.usageMonitoring.costRatioThreshold
+	// times it is flagged (TenantQuota condition UsageOutlier).
+	// +optional
+	Median *int64 `json:"median,omitempty"`
+}
+
 // ProviderPoolStatus is the observed state of a pool. Conditions Accepted and
 // Ready are written by the operator (field manager fairshare-controller);
 // Serving, Throttled and the live figures by the pool's scheduler (field
@@ -518,12 +544,31 @@ type ProviderPoolStatus struct {
 	// +optional
 	UpstreamThrottled *int64 `json:"upstreamThrottled,omitempty"`
 
-	// models is the provider's quota per model.
+	// models is the provider's quota per model, for at most 8 models (so
+	// that the status stays under 4 KB with the 64 models spec.models
+	// allows, issue 6): the paused models first, then the others, each
+	// group by name. The metrics cover every model.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:MaxItems=8
 	Models []ModelQuotaStatus `json:"models,omitempty"`
+
+	// modelsNotShown is the number of the pool's models left out of models
+	// (beyond its 8 entries); absent when every model is listed.
+	// +optional
+	ModelsNotShown *int64 `json:"modelsNotShown,omitempty"`
+
+	// usageTiers is, per tier of the pool's tenants (spec.tier of their
+	// TenantQuotas), the figures usage monitoring compares each tenant's
+	// usage with (seed 002 section 7), by tier name; at most 16 tiers, those
+	// after the 16th by name are not listed. It is here rather than in each
+	// TenantQuota's status so that a tenant's status does not change with
+	// its peers' traffic.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	UsageTiers []TierUsageStatus `json:"usageTiers,omitempty"`
 
 	// lastReportTime is when the scheduler last wrote these figures; it is
 	// rewritten at least every 5 minutes while the scheduler runs (its

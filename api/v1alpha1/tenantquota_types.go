@@ -282,7 +282,10 @@ type BudgetStatus struct {
 }
 
 // TenantUsageStatus is the tenant's consumption over the pool's usage
-// window (spec.usageMonitoring.windowSeconds), compared with its tier.
+// window (spec.usageMonitoring.windowSeconds). It holds the tenant's own
+// figures only, so that an idle tenant's status does not change with its
+// peers' traffic (issue 6); its tier's median is in the ProviderPool's
+// status.usageTiers.
 type TenantUsageStatus struct {
 	// windowSeconds is the span the figures cover, in seconds.
 	// +optional
@@ -290,11 +293,6 @@ type TenantUsageStatus struct {
 	// weightedTokens is the weighted tokens the tenant used in the window.
 	// +optional
 	WeightedTokens int64 `json:"weightedTokens,omitempty"`
-	// tierMedianWeightedTokens is the median weighted tokens over the window
-	// of the pool's tenants of the same tier that had traffic in it; absent
-	// while the tier has fewer than usageMonitoring.minTierSize of them.
-	// +optional
-	TierMedianWeightedTokens *int64 `json:"tierMedianWeightedTokens,omitempty"`
 	// requests is the tenant's requests and jobs in the window: admitted
 	// calls plus refusedRequests.
 	// +optional

@@ -36,6 +36,13 @@ const DefaultForceRefresh = 5 * time.Minute
 // StatusWriter.MaxWritesPerSecond is unset: 5 writes per second (issue 6).
 const DefaultMaxWritesPerSecond = 5.0
 
+// maxShownModels is the most models the ProviderPool's status.models
+// lists (paused models first, then the others, each group by name; the
+// rest are counted in status.modelsNotShown, the metrics cover all), so
+// that the pool's status stays under 4 KB with the 64 models spec.models
+// allows (issue 6; see TestPoolStatusUnder4KBWith64Models).
+const maxShownModels = 8
+
 // maxMessageBytes caps the message of a condition the scheduler writes (an
 // invalid spec's error text can be long), so that a status stays under
 // 4 KB (issue 6; see TestStatusSize).
@@ -81,11 +88,23 @@ func (s *State) pool() (int64, error) {
 //     did not write stays dirty and is written by a later pass with its
 //     latest payload (coalesced).
 //   - Order within a pass: the pool; then objects dirty for ForceRefresh or
-//     longer (so nothing starves, even under a storm of flips); then objects
-//     with a condition whose status flipped (or appeared); then the rest;
-//     oldest-dirty first within each class. The worst-case lag of a change
-//     is therefore about (dirty objects) / MaxWritesPerSecond plus one
-//     Interval: 10,000 dirty tenants at 5 writes/s take 2,000 s.
+//     longer (so nothing starves, even under a storm of flips or of budget
+//     spend); then TenantQuotas whose status.budget.used changed (the next
+//     scheduler seeds its budgets from it); then objects with a condition
+//     whose status flipped (or appeared); then the rest; oldest-dirty first
+//     within each class. The worst-case lag of a change is therefore about
+//     (dirty objects) / MaxWritesPerSecond plus one Interval: 10,000 dirty
+//     tenants at 5 writes/s take 2,000 s. A budget change waits only for
+//     the other budget changes (and overdue objects, none while fewer than
+//     ForceRefresh x MaxWritesPerSecond objects are dirty): about
+//     (budget-dirty objects) / MaxWritesPerSecond plus one Interval, which
+//     is what a crash can lose.
+//   - At shutdown (final) every object with a pending budget change is
+//     written without pacing, a one-off burst bounded by finalWriteTimeout.
+//   - A TenantQuota deleted and created again under the same name (a new
+//     metadata.uid in the registry) is a new object: what was written to
+//     the old one is forgotten, and its status read again. An object the
+//     API server no longer has (NotFound on write) is forgotten too.
 //
 // Conditions keep their lastTransitionTime unless their status flips; a
 // flip not yet written keeps the time the scheduler first saw it.
@@ -134,6 +153,14 @@ type objState struct {
 	// uid is the object's UID as read on first sight (events name it, so
 	// that kubectl describe lists them); empty when unreadable.
 	uid types.UID
+	// regUID is the object's UID as the registry last had it
+	// (ObjectSnapshot.UID); empty for the pool or when unknown.
+	regUID string
+	// budget is status.budget as the API server holds it (last written,
+	// or read on first sight); lastBudget the latest figures built (kept
+	// in the status of a tenant in an error state, so that the next
+	// scheduler's budget seed survives).
+	budget, lastBudget *v1alpha1.BudgetStatus
 	// known: payload, at and conds describe the scheduler's part of the
 	// status on the API server (last written, or read on first sight).
 	known   bool
@@ -149,6 +176,10 @@ type objState struct {
 	dirtySince time.Time
 	// flip: a condition's status differs from the written one.
 	flip bool
+	// budgetDirty: the pending status.budget.used differs from budget's.
+	budgetDirty bool
+	// pendingBudget is the pending payload's status.budget.
+	pendingBudget *v1alpha1.BudgetStatus
 	// pending: the latest payload and the function building its status
 	// with a given lastReportTime; pendingConds its conditions.
 	pending      []byte
@@ -188,16 +219,23 @@ func (w *StatusWriter) Start(ctx context.Context) error {
 // finalWriteTimeout bounds the last status write at shutdown.
 const finalWriteTimeout = 5 * time.Second
 
+// finalWriteConcurrency is how many status writes the shutdown burst has
+// in flight at once.
+const finalWriteConcurrency = 8
+
 // final writes the figures once more at shutdown, so that a graceful
 // restart loses none of the period's budget spend (the next scheduler
 // seeds its budgets from status.budget). It is a pass bounded by
-// finalWriteTimeout on Clock and on the wall clock, paced like any other:
-// with more than finalWriteTimeout x MaxWritesPerSecond dirty objects (25
-// by default), the oldest-dirty are written and the rest are lost.
+// finalWriteTimeout on Clock and on the wall clock in which the pool and
+// every object whose status.budget.used changed are written first without
+// the MaxWritesPerSecond pacing, finalWriteConcurrency at a time: a one-off
+// burst of one write per budget-dirty object (issue 6 accepts it at
+// shutdown). Other dirty objects are then written paced until the bound;
+// the rest are lost (their figures are rebuilt by the next scheduler).
 func (w *StatusWriter) final(ctx context.Context) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
-	if _, err := w.Pass(fctx, finalWriteTimeout); err != nil {
+	if _, err := w.pass(fctx, finalWriteTimeout, true); err != nil {
 		w.Log.Error(err, "writing status at shutdown")
 	}
 }
@@ -284,6 +322,12 @@ func (w *StatusWriter) WriteOnce(ctx context.Context) (int, error) {
 // MaxWritesPerSecond on Clock, until none is left, ctx is done, or the next
 // write would start max or more after the pass began.
 func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult, error) {
+	return w.pass(ctx, max, false)
+}
+
+// pass is Pass; burst writes the pool and the budget-dirty objects first,
+// unpaced (final).
+func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) (PassResult, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	clk := w.clock()
@@ -302,13 +346,28 @@ func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult,
 	}
 	for _, o := range snap.Objects {
 		st := tenantStatus{}
+		t, served := tenants[o.Name]
+		if o.Err == nil && !served {
+			continue
+		}
+		key := "TenantQuota/" + o.Name
+		ob := w.object(ctx, "TenantQuota", o.Name, o.UID)
 		if o.Err != nil {
 			reason := v1alpha1.ReasonInvalidSpec
 			if errors.Is(o.Err, registry.ErrDuplicateTenantID) {
 				reason = v1alpha1.ReasonDuplicateTenantID
 			}
 			st.Conditions = []metav1.Condition{cond(v1alpha1.ConditionServing, false, o.Generation, reason, o.Err.Error())}
-		} else if t, ok := tenants[o.Name]; ok {
+			// Keep the budget figures (the live ones while a previous
+			// policy is still served, else the last built): the next
+			// scheduler seeds its budgets from status.budget, and an
+			// apply without it would remove it.
+			if served && t.Budget != nil {
+				st.Budget = budgetStatus(t.Budget)
+			} else if ob.lastBudget != nil {
+				st.Budget = ob.lastBudget.DeepCopy()
+			}
+		} else {
 			limited := cond(v1alpha1.ConditionThrottled, false, t.Generation, v1alpha1.ReasonWithinLimits, "No limit binds.")
 			if t.Limiter.Limited {
 				limited = cond(v1alpha1.ConditionThrottled, true, t.Generation, v1alpha1.ReasonTenantLimited,
@@ -329,26 +388,25 @@ func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult,
 			if t.DryRun || t.DryRunRejections > 0 {
 				st.DryRunRejections = ptr(t.DryRunRejections)
 			}
-			if b := t.Budget; b != nil {
-				st.Budget = &v1alpha1.BudgetStatus{Used: ptr(b.Used), Remaining: ptr(b.Remaining), ResetTime: mtime(b.ResetTime)}
+			if t.Budget != nil {
+				st.Budget = budgetStatus(t.Budget)
 			}
 			u, uc := usageStatus(t)
 			st.Usage = u
 			st.Conditions = append(st.Conditions, uc)
-		} else {
-			continue
 		}
-		if err := w.stage(ctx, now, "TenantQuota", o.Name, false, &st.Conditions, func(last *metav1.Time) any {
+		if err := w.stage(now, ob, false, &st.Conditions, st.Budget, func(last *metav1.Time) any {
 			st.LastReportTime = last
 			return &st
 		}); err != nil {
 			errs = append(errs, err)
 		}
-		seen["TenantQuota/"+o.Name] = struct{}{}
+		seen[key] = struct{}{}
 	}
 
 	ps := w.poolStatus(snap)
-	if err := w.stage(ctx, now, "ProviderPool", w.PoolName, true, &ps.Conditions, func(last *metav1.Time) any {
+	po := w.object(ctx, "ProviderPool", w.PoolName, "")
+	if err := w.stage(now, po, true, &ps.Conditions, nil, func(last *metav1.Time) any {
 		ps.LastReportTime = last
 		return &ps
 	}); err != nil {
@@ -361,11 +419,38 @@ func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult,
 		}
 	}
 
-	res, err := w.writeDirty(ctx, now, deadline)
+	res, err := w.writeDirty(ctx, now, deadline, burst)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	return res, errors.Join(errs...)
+}
+
+// budgetStatus is a tenant's status.budget from the registry's figures.
+func budgetStatus(b *registry.BudgetStatus) *v1alpha1.BudgetStatus {
+	return &v1alpha1.BudgetStatus{Used: ptr(b.Used), Remaining: ptr(b.Remaining), ResetTime: mtime(b.ResetTime)}
+}
+
+// object returns the writer's state of the object, created (and its status
+// read) on first sight. uid is the object's UID in the registry (""
+// unknown): when it differs from the one the state was built for, or from
+// the UID read from the API server, the object was deleted and created
+// again under the same name, and its state is built afresh (issue 6).
+func (w *StatusWriter) object(ctx context.Context, kind, name, uid string) *objState {
+	key := kind + "/" + name
+	o := w.objs[key]
+	if o != nil && uid != "" && ((o.regUID != "" && o.regUID != uid) || (o.uid != "" && string(o.uid) != uid)) {
+		o = nil
+	}
+	if o == nil {
+		o = &objState{kind: kind, name: name}
+		w.load(ctx, o)
+		w.objs[key] = o
+	}
+	if uid != "" {
+		o.regUID = uid
+	}
+	return o
 }
 
 func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
@@ -388,6 +473,7 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 	var paused, atReserve bool
 	var pausedUntil time.Time
 	remaining := int64(-1)
+	var pausedModels, otherModels []v1alpha1.ModelQuotaStatus
 	for _, m := range snap.Models {
 		s := m.Status
 		paused = paused || s.Paused
@@ -413,8 +499,17 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 		}
 		if s.Paused {
 			mq.PausedUntil = mtime(s.PausedUntil)
+			pausedModels = append(pausedModels, mq)
+		} else {
+			otherModels = append(otherModels, mq)
 		}
-		ps.Models = append(ps.Models, mq)
+	}
+	// snap.Models is sorted by name: paused models first, then the others,
+	// each by name, at most maxShownModels.
+	ps.Models = append(pausedModels, otherModels...)
+	if n := len(ps.Models); n > maxShownModels {
+		ps.Models = ps.Models[:maxShownModels:maxShownModels]
+		ps.ModelsNotShown = ptr(int64(n - maxShownModels))
 	}
 	switch {
 	case paused:
@@ -432,20 +527,18 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 	ps.PausedUntil = mtime(pausedUntil)
 	ps.Backlog, ps.InFlight = ptr(snap.Backlog), ptr(snap.InFlight)
 	ps.Tenants, ps.UpstreamThrottled = ptr(int64(len(snap.Tenants))), ptr(snap.UpstreamThrottled)
+	ps.UsageTiers = usageTiers(snap.Tenants)
 	return ps
 }
 
-// stage completes conds with lastTransitionTime and marks the object dirty
-// when its payload differs from what the API server holds (or, for the
-// pool, when ForceRefresh passed since it was written); clean otherwise.
+// stage completes conds with lastTransitionTime and marks the object o
+// dirty when its payload differs from what the API server holds (or, for
+// the pool, when ForceRefresh passed since it was written); clean
+// otherwise. budget is the payload's status.budget (nil for the pool);
 // build returns the status with the given lastReportTime.
-func (w *StatusWriter) stage(ctx context.Context, now time.Time, kind, name string, heartbeat bool, conds *[]metav1.Condition, build func(*metav1.Time) any) error {
-	key := kind + "/" + name
-	o := w.objs[key]
-	if o == nil {
-		o = &objState{kind: kind, name: name}
-		w.load(ctx, o)
-		w.objs[key] = o
+func (w *StatusWriter) stage(now time.Time, o *objState, heartbeat bool, conds *[]metav1.Condition, budget *v1alpha1.BudgetStatus, build func(*metav1.Time) any) error {
+	if budget != nil {
+		o.lastBudget = budget.DeepCopy()
 	}
 	stamp := metav1.NewTime(now.UTC().Truncate(time.Second))
 	flip := false
@@ -472,15 +565,22 @@ func (w *StatusWriter) stage(ctx context.Context, now time.Time, kind, name stri
 		o.server = nil
 	}
 	if o.known && bytes.Equal(payload, o.payload) && (!heartbeat || now.Sub(o.at) < w.forceRefresh()) {
-		o.dirtySince, o.flip, o.pending, o.build, o.pendingConds = time.Time{}, false, nil, nil, nil
+		o.clean()
 		return nil
 	}
 	if o.dirtySince.IsZero() {
 		o.dirtySince = now
 	}
+	o.budgetDirty = budget != nil && budget.Used != nil && (o.budget == nil || o.budget.Used == nil || *o.budget.Used != *budget.Used)
+	o.pendingBudget = budget
 	o.flip, o.pending, o.build = flip, payload, build
 	o.pendingConds = append(o.pendingConds[:0], *conds...)
 	return nil
+}
+
+// clean marks o as holding nothing to write.
+func (o *objState) clean() {
+	o.dirtySince, o.flip, o.budgetDirty, o.pending, o.build, o.pendingConds, o.pendingBudget = time.Time{}, false, false, nil, nil, nil, nil
 }
 
 // serverPayload is the payload of the scheduler's part of a status read
@@ -514,14 +614,17 @@ func serverPayload(server any, conds []metav1.Condition) ([]byte, error) {
 const (
 	classPool = iota
 	classOverdue
+	classBudget
 	classFlip
 	classRest
 )
 
 // writeDirty writes dirty objects in priority order, paced on the clock,
 // until none is left, ctx is done, or the next write would start at or
-// after deadline.
-func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) (PassResult, error) {
+// after deadline. With burst (final), the pool and every budget-dirty
+// object go first and are written without pacing, finalWriteConcurrency
+// at a time, bounded only by ctx.
+func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time, burst bool) (PassResult, error) {
 	overdue := w.forceRefresh()
 	type item struct {
 		class int
@@ -537,10 +640,17 @@ func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) 
 		switch {
 		case o.kind == "ProviderPool":
 			it.class = classPool
+		case burst && o.budgetDirty:
+			it.class = classBudget
 		case now.Sub(o.dirtySince) >= overdue:
 			it.class = classOverdue
+		case o.budgetDirty:
+			it.class = classBudget
 		case o.flip:
 			it.class = classFlip
+		}
+		if burst && it.class == classOverdue {
+			it.class = classFlip // after the burst, paced
 		}
 		dirty = append(dirty, it)
 	}
@@ -557,6 +667,36 @@ func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) 
 	clk := w.clock()
 	var res PassResult
 	var errs []error
+	if burst {
+		n := 0
+		for n < len(dirty) && dirty[n].class <= classBudget {
+			n++
+		}
+		at := clk.Now()
+		applied := make([]error, n)
+		sem := make(chan struct{}, finalWriteConcurrency)
+		var wg sync.WaitGroup
+		for i := range n {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				applied[i] = w.apply(ctx, at, dirty[i].o)
+			}()
+		}
+		wg.Wait()
+		for i := range n {
+			ok, err := w.commit(dirty[i].key, dirty[i].o, at, applied[i])
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if ok {
+				res.Writes++
+			}
+		}
+		w.nextWrite = at.Add(w.spacing())
+		dirty = dirty[n:]
+	}
 	for _, it := range dirty {
 		if ctx.Err() != nil {
 			break
@@ -572,7 +712,7 @@ func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) 
 			break
 		}
 		w.nextWrite = t.Add(w.spacing())
-		ok, err := w.write(ctx, t, it.key, it.o)
+		ok, err := w.commit(it.key, it.o, t, w.apply(ctx, t, it.o))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -588,22 +728,30 @@ func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time) 
 	return res, errors.Join(errs...)
 }
 
-// write applies one dirty object's latest status with lastReportTime at.
-// It reports whether the API server took the write; an object not found
-// is forgotten (it is deleted; the registry drops it soon).
-func (w *StatusWriter) write(ctx context.Context, at time.Time, key string, o *objState) (bool, error) {
+// apply sends one dirty object's latest status with lastReportTime at. It
+// reads o and changes nothing, so that the shutdown burst may run several
+// at once.
+func (w *StatusWriter) apply(ctx context.Context, at time.Time, o *objState) error {
 	// ToUnstructured keeps integers int64 (a JSON round trip through a map
 	// would turn them into float64, wrong above 2^53).
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o.build(mtime(at)))
 	if err != nil {
-		return false, err
+		return err
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{"status": status}}
 	u.SetAPIVersion(v1alpha1.GroupVersion.String())
 	u.SetKind(o.kind)
 	u.SetNamespace(w.Namespace)
 	u.SetName(o.name)
-	if err := w.Client.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership); err != nil {
+	return w.Client.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership)
+}
+
+// commit records the outcome err of apply for the object o under key. It
+// reports whether the API server took the write; an object not found is
+// forgotten (it is deleted; the registry drops it soon, and a new object
+// of the same name starts afresh).
+func (w *StatusWriter) commit(key string, o *objState, at time.Time, err error) (bool, error) {
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			delete(w.objs, key)
 			return false, nil
@@ -611,9 +759,9 @@ func (w *StatusWriter) write(ctx context.Context, at time.Time, key string, o *o
 		return false, fmt.Errorf("applying %s status: %w", key, err)
 	}
 	w.recordTransitions(o)
-	o.known, o.payload, o.at = true, o.pending, at
+	o.known, o.payload, o.at, o.budget = true, o.pending, at, o.pendingBudget
 	o.conds = append(o.conds[:0], o.pendingConds...)
-	o.dirtySince, o.flip, o.pending, o.build, o.pendingConds = time.Time{}, false, nil, nil, nil
+	o.clean()
 	return true, nil
 }
 
@@ -627,6 +775,7 @@ func (w *StatusWriter) load(ctx context.Context, o *objState) {
 		var obj v1alpha1.TenantQuota
 		if w.Client.Get(ctx, key, &obj) == nil {
 			o.conds, o.server, o.uid = obj.Status.Conditions, &obj.Status, obj.UID
+			o.budget, o.lastBudget = obj.Status.Budget, obj.Status.Budget
 			if t := obj.Status.LastReportTime; t != nil {
 				o.at = t.Time
 			}

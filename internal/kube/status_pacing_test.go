@@ -334,15 +334,15 @@ func TestStatusWriterFlipJumpsAhead(t *testing.T) {
 		t.Fatalf("initial: %d writes, want %d", writes, n+1)
 	}
 
-	// Every tenant changes; one pass writes 50 of them (pool unchanged
-	// except its figures: none changed, so no pool write).
+	// Every tenant changes; one pass writes the pool (its status.usageTiers
+	// now counts 200 active tenants of the tier) and 49 of them.
 	for _, tq := range tqs {
 		reg.Tenant(tq.Name).AddRejection()
 	}
 	mark := log.len()
 	runPasses(t, w, fc, fc.Now().Add(time.Second), nil)
-	if got := log.since(mark); len(got) != 50 || got[0].name != "tq-00000" || got[49].name != "tq-00049" {
-		t.Fatalf("first churn pass wrote %d (%v..); want tq-00000..tq-00049", len(got), got[0])
+	if got := log.since(mark); len(got) != 50 || got[0].name != "pool" || got[1].name != "tq-00000" || got[49].name != "tq-00048" {
+		t.Fatalf("first churn pass wrote %d (%v..); want pool, tq-00000..tq-00048", len(got), got[0])
 	}
 
 	// tq-00199 (dirty for one pass, last in line) is suspended: Throttled

@@ -124,8 +124,8 @@ func TestStatusWriterCoexistsWithOperator(t *testing.T) {
 	}
 	reg.Tenant("tq-a").AddRejection()
 	fc.Step(10 * time.Second)
-	if n, err := w.WriteOnce(ctx); err != nil || n != 1 {
-		t.Fatalf("pass after a rejection: %d writes, %v; want 1 (the tenant)", n, err)
+	if n, err := w.WriteOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("pass after a rejection: %d writes, %v; want 2 (the tenant, and the pool whose status.usageTiers counts its tier's first active tenant)", n, err)
 	}
 	applyControllerConditions(t, c, "TenantQuota", ns, "tq-a", tq.Generation)
 

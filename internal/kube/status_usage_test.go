@@ -21,7 +21,8 @@ import (
 // window reach costRatioThreshold times its tier's median gets status.usage
 // with the figures, UsageOutlier=True CostAboveTier, and exactly one Warning
 // event naming it, written with the status (seed 002 section 7; issue 6).
-// Its peers are WithinTier; when the window has passed, the condition
+// Its peers are WithinTier; the tier's median is in the pool's
+// status.usageTiers; when the window has passed, the condition
 // returns to False and no further event is recorded.
 func TestStatusWriterUsageOutlier(t *testing.T) {
 	c := newClient(t)
@@ -72,10 +73,18 @@ func TestStatusWriterUsageOutlier(t *testing.T) {
 		return tq.Status
 	}
 	st := get("tq-a")
-	want := v1alpha1.TenantUsageStatus{WindowSeconds: 600, WeightedTokens: 40_000, TierMedianWeightedTokens: ptr(2000), Requests: 1}
-	if st.Usage == nil || *st.Usage.TierMedianWeightedTokens != 2000 || st.Usage.WindowSeconds != want.WindowSeconds ||
-		st.Usage.WeightedTokens != want.WeightedTokens || st.Usage.Requests != 1 || st.Usage.RefusedRequests != 0 {
+	want := v1alpha1.TenantUsageStatus{WindowSeconds: 600, WeightedTokens: 40_000, Requests: 1}
+	if st.Usage == nil || *st.Usage != want {
 		t.Errorf("tq-a usage = %+v, want %+v", st.Usage, want)
+	}
+	// The tier's median is in the pool's status.
+	var p v1alpha1.ProviderPool
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if ut := p.Status.UsageTiers; len(ut) != 1 || ut[0].Tier != "pro" || ut[0].Active != 4 ||
+		ut[0].Median == nil || *ut[0].Median != 2000 {
+		t.Errorf("pool status.usageTiers = %+v, want [{pro 4 2000}]", ut)
 	}
 	oc := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionUsageOutlier)
 	if oc == nil || oc.Status != metav1.ConditionTrue || oc.Reason != v1alpha1.ReasonCostAboveTier {

@@ -99,6 +99,7 @@ func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 	out := registry.TenantPolicy{
 		ID:              tq.TenantIDOrName(),
 		Name:            tq.Name,
+		UID:             string(tq.UID),
 		Generation:      tq.Generation,
 		Weight:          int64(s.Weight),
 		Tier:            s.Tier,

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -28,7 +29,6 @@ func TestUsageStatus(t *testing.T) {
 		{ID: "g", Tier: "free"},
 	}
 	ev := usage.Evaluate(cfg, in)
-	m := int64(1000)
 	cases := []struct {
 		i      int
 		st     v1alpha1.TenantUsageStatus
@@ -36,22 +36,17 @@ func TestUsageStatus(t *testing.T) {
 		reason string
 		msg    string
 	}{
-		{3, v1alpha1.TenantUsageStatus{WindowSeconds: 3600, WeightedTokens: 1000, TierMedianWeightedTokens: &m, Requests: 12, RefusedRequests: 2},
-			metav1.ConditionFalse, v1alpha1.ReasonWithinTier, `1000 weighted tokens in the last 1h0m0s: 1.0x the median of tier "pro" (1000); 16% of requests refused`},
-		{4, v1alpha1.TenantUsageStatus{WindowSeconds: 3600, WeightedTokens: 20000, TierMedianWeightedTokens: &m, Requests: 10},
+		{3, v1alpha1.TenantUsageStatus{WindowSeconds: 3600, WeightedTokens: 1000, Requests: 12, RefusedRequests: 2},
+			metav1.ConditionFalse, v1alpha1.ReasonWithinTier, withinTierMessage},
+		{4, v1alpha1.TenantUsageStatus{WindowSeconds: 3600, WeightedTokens: 20000, Requests: 10},
 			metav1.ConditionTrue, v1alpha1.ReasonCostAboveTier, `20000 weighted tokens in the last 1h0m0s: 20.0x the median of tier "pro" (1000, over 5 active tenants); threshold 10x`},
 		{5, v1alpha1.TenantUsageStatus{WindowSeconds: 3600, Requests: 400, RefusedRequests: 300},
 			metav1.ConditionTrue, v1alpha1.ReasonLimitViolations, `300 of 400 requests (75%) refused by the tenant's own limits in the last 1h0m0s; threshold 50% and 100 refusals`},
 		{6, v1alpha1.TenantUsageStatus{WindowSeconds: 3600},
-			metav1.ConditionFalse, v1alpha1.ReasonWithinTier, `0 weighted tokens in the last 1h0m0s; tier "free" has 1 active tenants, too few for a median`},
+			metav1.ConditionFalse, v1alpha1.ReasonWithinTier, withinTierMessage},
 	}
 	for _, c := range cases {
 		st, cond := usageStatus(registry.TenantSnapshot{ID: in[c.i].ID, Generation: 7, Usage: ev[c.i]})
-		if (st.TierMedianWeightedTokens == nil) != (c.st.TierMedianWeightedTokens == nil) ||
-			(st.TierMedianWeightedTokens != nil && *st.TierMedianWeightedTokens != *c.st.TierMedianWeightedTokens) {
-			t.Errorf("%s: median %v, want %v", in[c.i].ID, st.TierMedianWeightedTokens, c.st.TierMedianWeightedTokens)
-		}
-		st.TierMedianWeightedTokens, c.st.TierMedianWeightedTokens = nil, nil
 		if *st != c.st {
 			t.Errorf("%s: status %+v, want %+v", in[c.i].ID, *st, c.st)
 		}
@@ -61,8 +56,39 @@ func TestUsageStatus(t *testing.T) {
 		}
 	}
 	// A tenant of an empty snapshot (no pool yet) still gets a valid condition.
-	if _, cond := usageStatus(registry.TenantSnapshot{}); cond.Reason != v1alpha1.ReasonWithinTier || cond.Message != "No usage in the window." {
+	if _, cond := usageStatus(registry.TenantSnapshot{}); cond.Reason != v1alpha1.ReasonWithinTier || cond.Message != withinTierMessage {
 		t.Errorf("empty: %+v", cond)
+	}
+
+	// The tiers' figures are in the pool's status.usageTiers, by tier name.
+	snaps := make([]registry.TenantSnapshot, len(in))
+	for i := range in {
+		snaps[i] = registry.TenantSnapshot{ID: in[i].ID, Usage: ev[i]}
+	}
+	tiers := usageTiers(snaps)
+	wantTiers := []v1alpha1.TierUsageStatus{{Tier: "free", Active: 1}, {Tier: "pro", Active: 5, Median: ptr(1000)}}
+	if len(tiers) != len(wantTiers) {
+		t.Fatalf("usageTiers = %+v, want %+v", tiers, wantTiers)
+	}
+	for i := range tiers {
+		g, w := tiers[i], wantTiers[i]
+		if g.Tier != w.Tier || g.Active != w.Active || (g.Median == nil) != (w.Median == nil) ||
+			(g.Median != nil && *g.Median != *w.Median) {
+			t.Errorf("usageTiers[%d] = %+v (median %v), want %+v (median %v)", i, g, g.Median, w, w.Median)
+		}
+	}
+}
+
+// At most maxUsageTiers tiers are listed, the first by name.
+func TestUsageTiersCapped(t *testing.T) {
+	var snaps []registry.TenantSnapshot
+	for i := 20; i > 0; i-- {
+		tier := fmt.Sprintf("tier-%02d", i)
+		snaps = append(snaps, registry.TenantSnapshot{ID: tier, Usage: usage.Evaluation{Tier: tier, TierActive: 1}})
+	}
+	tiers := usageTiers(snaps)
+	if len(tiers) != 16 || tiers[0].Tier != "tier-01" || tiers[15].Tier != "tier-16" {
+		t.Errorf("usageTiers of 20 tiers: %d entries, first %q, last %q; want 16, tier-01 .. tier-16", len(tiers), tiers[0].Tier, tiers[len(tiers)-1].Tier)
 	}
 }
 

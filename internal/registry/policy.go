@@ -182,6 +182,11 @@ type TenantPolicy struct {
 	// Name and Generation of the TenantQuota.
 	Name       string
 	Generation int64
+	// UID of the TenantQuota object (metadata.uid; "" when unknown). A
+	// TenantQuota deleted and created again under the same name has a new
+	// UID: the status writer then forgets what it wrote to the old object
+	// (issue 6).
+	UID string
 	// Limits of the tenant limiter (weighted tokens, provider tokens,
 	// requests, concurrency, KV blocks).
 	Limits limiter.Limits

@@ -401,7 +401,7 @@ func (m *Model) ObserveTokenLimit(limit int64) {
 
 // objectState is what the registry knows of one TenantQuota object.
 type objectState struct {
-	id         string
+	id, uid    string
 	generation int64
 	err        error
 }
@@ -567,7 +567,7 @@ func (r *Registry) Model(name string) *Model {
 // remembered for the object's status.
 func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	if err := p.Validate(); err != nil {
-		r.setObjectError(p.Name, p.ID, p.Generation, err)
+		r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 		return err
 	}
 	p.KeyHashes = append([]KeyHash(nil), p.KeyHashes...)
@@ -577,14 +577,14 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	if cur != nil && cur.Policy().Name != p.Name {
 		r.mu.Unlock()
 		err := fmt.Errorf("%w: %q is already served for TenantQuota %q", ErrDuplicateTenantID, p.ID, cur.Policy().Name)
-		r.setObjectError(p.Name, p.ID, p.Generation, err)
+		r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 		return err
 	}
 	for _, h := range p.KeyHashes {
 		if owner, ok := r.keys[h]; ok && owner.ID != p.ID {
 			r.mu.Unlock()
 			err := fmt.Errorf("%w (tenant %q)", ErrDuplicateKey, owner.ID)
-			r.setObjectError(p.Name, p.ID, p.Generation, err)
+			r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 			return err
 		}
 	}
@@ -603,7 +603,7 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	}
 	cur.policy.Store(&p)
 	cur.seedBudget(now, p.BudgetSeed)
-	r.objects[p.Name] = &objectState{id: p.ID, generation: p.Generation}
+	r.objects[p.Name] = &objectState{id: p.ID, uid: p.UID, generation: p.Generation}
 	r.mu.Unlock()
 
 	r.qmu.Lock()
@@ -613,12 +613,12 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	return nil
 }
 
-func (r *Registry) setObjectError(name, id string, gen int64, err error) {
+func (r *Registry) setObjectError(name, id, uid string, gen int64, err error) {
 	if name == "" {
 		name = id
 	}
 	r.mu.Lock()
-	r.objects[name] = &objectState{id: id, generation: gen, err: err}
+	r.objects[name] = &objectState{id: id, uid: uid, generation: gen, err: err}
 	r.mu.Unlock()
 }
 

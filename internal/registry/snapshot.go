@@ -56,7 +56,9 @@ type TenantSnapshot struct {
 // ObjectSnapshot is what the registry knows of one TenantQuota object.
 type ObjectSnapshot struct {
 	Name, TenantID string
-	Generation     int64
+	// UID of the object as last applied (TenantPolicy.UID; "" when unknown).
+	UID        string
+	Generation int64
 	// Err is why the object is not served, or nil.
 	Err error
 }
@@ -79,7 +81,7 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 	r.mu.RLock()
 	tenants := r.tenantListLocked()
 	for name, o := range r.objects {
-		s.Objects = append(s.Objects, ObjectSnapshot{Name: name, TenantID: o.id, Generation: o.generation, Err: o.err})
+		s.Objects = append(s.Objects, ObjectSnapshot{Name: name, TenantID: o.id, UID: o.uid, Generation: o.generation, Err: o.err})
 	}
 	for _, m := range r.models {
 		s.Models = append(s.Models, ModelSnapshot{Name: m.Name, Status: m.Throttle.Status(now), Throttled: m.throttled.Load()})
