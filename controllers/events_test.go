@@ -23,29 +23,34 @@ func TestRollMessage(t *testing.T) {
 	a := schedulerTemplate{settingsHash: "0123456789abcdef", image: "img:v1"}
 	tests := map[string]struct {
 		old, desired schedulerTemplate
+		podChanged   bool
 		want         string
 	}{
 		"unchanged": {old: a, desired: a, want: ""},
 		"settings hash": {
-			old: a, desired: schedulerTemplate{settingsHash: "fedcba9876543210", image: "img:v1"},
+			old: a, desired: schedulerTemplate{settingsHash: "fedcba9876543210", image: "img:v1"}, podChanged: true,
 			want: "Deployment p-scheduler rolled: settings hash 01234567 -> fedcba98",
 		},
 		"image": {
-			old: a, desired: schedulerTemplate{settingsHash: a.settingsHash, image: "img:v2"},
+			old: a, desired: schedulerTemplate{settingsHash: a.settingsHash, image: "img:v2"}, podChanged: true,
 			want: "Deployment p-scheduler rolled: image img:v1 -> img:v2",
 		},
 		"both": {
-			old: a, desired: schedulerTemplate{settingsHash: "fedcba9876543210", image: "img:v2"},
+			old: a, desired: schedulerTemplate{settingsHash: "fedcba9876543210", image: "img:v2"}, podChanged: true,
 			want: "Deployment p-scheduler rolled: settings hash 01234567 -> fedcba98; image img:v1 -> img:v2",
 		},
 		"hash annotation removed by hand": {
-			old: schedulerTemplate{image: "img:v1"}, desired: a,
+			old: schedulerTemplate{image: "img:v1"}, desired: a, podChanged: true,
 			want: "Deployment p-scheduler rolled: settings hash none -> 01234567",
+		},
+		"other field of the pod template": {
+			old: a, desired: a, podChanged: true,
+			want: "Deployment p-scheduler rolled: pod template changed",
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := rollMessage("p-scheduler", tc.old, tc.desired); got != tc.want {
+			if got := rollMessage("p-scheduler", tc.old, tc.desired, tc.podChanged); got != tc.want {
 				t.Errorf("rollMessage = %q, want %q", got, tc.want)
 			}
 		})
@@ -87,8 +92,21 @@ func TestTemplateOf(t *testing.T) {
 	d := &appsv1.Deployment{}
 	d.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationSettingsHash: "h"}
 	d.Spec.Template.Spec.Containers = []corev1.Container{{Name: "sidecar", Image: "other"}, {Name: render.ContainerName, Image: "img"}}
-	if got, want := templateOf(d), (schedulerTemplate{settingsHash: "h", image: "img"}); got != want {
-		t.Errorf("templateOf = %+v, want %+v", got, want)
+	got := templateOf(d)
+	if got.settingsHash != "h" || got.image != "img" {
+		t.Errorf("templateOf: settings hash %q, image %q; want h, img", got.settingsHash, got.image)
+	}
+	if got.podHash != podTemplateHash(&d.Spec.Template) || len(got.podHash) != 64 {
+		t.Errorf("templateOf: podHash %q, want the 64 hex digits %q", got.podHash, podTemplateHash(&d.Spec.Template))
+	}
+	if got.pod == nil || got.pod == &d.Spec.Template || !cmp.Equal(*got.pod, d.Spec.Template) {
+		t.Errorf("templateOf: pod %p, want a copy of %p", got.pod, &d.Spec.Template)
+	}
+	// The template is taken when templateOf is called: the server-side
+	// apply that follows overwrites d.
+	d.Spec.Template.Spec.Containers[1].Image = "img:v2"
+	if got.image != "img" || got.pod.Spec.Containers[1].Image != "img" {
+		t.Errorf("templateOf result follows a later change of d: image %q, pod image %q", got.image, got.pod.Spec.Containers[1].Image)
 	}
 }
 

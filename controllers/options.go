@@ -61,6 +61,7 @@ func CacheByObject() map[client.Object]cache.ByObject {
 		&corev1.ConfigMap{}:             managed,
 		&corev1.ServiceAccount{}:        managed,
 		&rbacv1.RoleBinding{}:           managed,
+		&rbacv1.Role{}:                  managed,
 		&corev1.PersistentVolumeClaim{}: managed,
 	}
 }

@@ -9,10 +9,12 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -21,7 +23,8 @@ import (
 
 // ProviderPoolReconciler reconciles a ProviderPool into its scheduler objects
 // (ConfigMap, ServiceAccount, RoleBinding, Service, Deployment, all named
-// "<pool>-scheduler" and owned by the pool) and sets the pool's Accepted and
+// "<pool>-scheduler", and the Role and RoleBinding "<pool>-scheduler-secrets"
+// granting GET on its tenants' key Secrets, all owned by the pool) and sets the pool's Accepted and
 // Ready conditions.
 type ProviderPoolReconciler struct {
 	client   client.Client
@@ -47,7 +50,12 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings;roles,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=tenantquotas,verbs=get;list;watch
+// The API server lets the operator create a Role granting GET on a Secret
+// only if the operator may GET it itself (RBAC escalation check); GET only,
+// never list or watch.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -91,9 +99,19 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	return ctrl.Result{}, objs.applyErr
 }
 
+// tenantPool maps a TenantQuota to the ProviderPool it references.
+func tenantPool(_ context.Context, o client.Object) []reconcile.Request {
+	tq, ok := o.(*v1alpha1.TenantQuota)
+	if !ok || tq.Spec.PoolRef.Name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: tq.Namespace, Name: tq.Spec.PoolRef.Name}}}
+}
+
 // SetupWithManager registers the reconciler: it runs on ProviderPool spec
 // changes (generation; the scheduler's periodic status writes do not trigger
-// it) and on any change to an owned object, so drift is re-applied and Ready
+// it), on TenantQuota spec changes (the pool's Secret Role) and on any change
+// to an owned object, so drift is re-applied and Ready
 // follows the Deployment.
 func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
@@ -103,7 +121,12 @@ func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.RoleBinding{}).
+		Owns(&rbacv1.Role{}).
 		Owns(&corev1.PersistentVolumeClaim{}).
+		// A TenantQuota added, removed or changed (its credentials)
+		// changes the Secrets its pool's scheduler may read.
+		Watches(&v1alpha1.TenantQuota{}, handler.EnqueueRequestsFromMapFunc(tenantPool),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Named("providerpool").
 		Complete(r)
 }

@@ -37,7 +37,11 @@ type objectsResult struct {
 // Memory job store the pool's claim is deleted once the Deployment no longer
 // mounts it, and the jobs on it are lost.
 func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1alpha1.ProviderPool) objectsResult {
-	objs, err := render.Render(pool, r.render)
+	secrets, err := r.tenantSecrets(ctx, pool)
+	if err != nil {
+		return objectsResult{applyErr: err}
+	}
+	objs, err := render.RenderWithTenantSecrets(pool, r.render, secrets)
 	if err != nil {
 		return objectsResult{renderErr: err}
 	}
@@ -91,11 +95,25 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 	return objectsResult{deployment: objs.Deployment, applyErr: claimErr}
 }
 
+// tenantSecrets returns the names of the key Secrets of the pool's tenants
+// (render.TenantSecretNames of the TenantQuotas in the pool's namespace, read
+// from the cache): the only Secrets the rendered Role lets the scheduler GET.
+// The reconciler watches TenantQuotas, so the Role follows tenants added,
+// removed or pointed at another Secret.
+func (r *ProviderPoolReconciler) tenantSecrets(ctx context.Context, pool *v1alpha1.ProviderPool) ([]string, error) {
+	var list v1alpha1.TenantQuotaList
+	if err := r.client.List(ctx, &list, client.InNamespace(pool.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the TenantQuotas of ProviderPool %s: %w", client.ObjectKeyFromObject(pool), err)
+	}
+	return render.TenantSecretNames(pool, list.Items), nil
+}
+
 // rollAnnouncement reads the pool's current scheduler Deployment (from the
 // cache) before desired is applied and returns what to call once the apply
 // succeeded: remember desired's pod template and, when the apply changes the
-// settings hash or image of an existing Deployment, record a Normal
-// SchedulerRolled event on the pool (see rollMessage). A roll already
+// pod template of an existing Deployment (compared with the template last
+// applied, see rollAnnouncer.message), record a Normal SchedulerRolled event
+// on the pool. A roll already
 // announced is not announced again (a cache that has not yet seen the
 // operator's own apply still shows the old template); a Deployment that
 // does not exist yet is being created: no event.

@@ -13,13 +13,20 @@
 //     two writers never remove each other's entries.
 //
 // Tenant API keys are read from the Secrets that TenantQuotas reference and
-// only their SHA-256 is kept.
+// only their SHA-256 is kept. The scheduler may GET only those Secrets: the
+// operator renders a Role "<pool>-scheduler-secrets" whose resourceNames are
+// exactly the key Secrets of the pool's TenantQuotas (internal/render), and
+// the scheduler's ClusterRole grants no Secret access. Secrets are therefore
+// never listed, watched or cached: TenantReconciler GETs each one directly
+// from the API server when its TenantQuota changes and again every
+// SecretRereadInterval, which picks up a rotated key.
 package kube
 
 import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,7 +35,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -42,7 +48,8 @@ import (
 // fairshare-scheduler, bound per namespace by the operator's RoleBinding).
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools;tenantquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status;tenantquotas/status,verbs=get;patch;update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// No Secret rule: the operator's per-pool Role grants GET on the tenants' key
+// Secrets by name (render.RenderWithTenantSecrets).
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -51,8 +58,18 @@ import (
 // reference names none (the API default).
 const defaultSecretKey = "api-key"
 
-// secretRefIndex indexes TenantQuotas by the Secret their credentials name.
-const secretRefIndex = "spec.credentials.secretRef.name"
+// SecretRereadInterval is how often a tenant's key Secret is read again
+// while its TenantQuota is unchanged, in time: the longest a rotated key
+// waits to be applied (the kubelet refreshes mounted Secrets on a similar
+// period, about one minute). One GET per tenant with credentials per
+// interval.
+const SecretRereadInterval = time.Minute
+
+// SecretRetryInterval is how soon a key Secret that is missing, or not yet
+// readable, is read again, in time. A TenantQuota is usually created before
+// the operator has added its Secret to the scheduler's Role, so the first
+// GET may be refused (403 Forbidden) for a few seconds.
+const SecretRetryInterval = 5 * time.Second
 
 // PoolReconciler loads the ProviderPool named PoolName into the registry.
 type PoolReconciler struct {
@@ -92,13 +109,19 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 // API key) into the registry, or removes it.
 type TenantReconciler struct {
 	client.Reader
+	// Secrets reads the tenants' key Secrets, one GET each; it must not be a
+	// caching client (that would list and watch every Secret of the
+	// namespace, which the scheduler's account may not). Nil: Reader.
+	Secrets   client.Reader
 	Registry  *registry.Registry
 	Namespace string
 	PoolName  string
 }
 
 // Reconcile applies the TenantQuota's current spec, or removes the tenant
-// when the object is gone or references another pool.
+// when the object is gone or references another pool. A tenant with
+// credentials is requeued after SecretRereadInterval (rotation), or after
+// SecretRetryInterval while its Secret is missing or not readable.
 func (r *TenantReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var tq v1alpha1.TenantQuota
 	if err := r.Get(ctx, req.NamespacedName, &tq); err != nil {
@@ -112,19 +135,34 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		r.Registry.RemoveTenant(tq.Name)
 		return reconcile.Result{}, nil
 	}
-	return reconcile.Result{}, r.apply(ctx, &tq)
+	return r.apply(ctx, &tq)
 }
 
-func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) error {
+func (r *TenantReconciler) secrets() client.Reader {
+	if r.Secrets != nil {
+		return r.Secrets
+	}
+	return r.Reader
+}
+
+func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) (reconcile.Result, error) {
 	pol := TenantPolicy(tq)
+	var res reconcile.Result
 	if c := tq.Spec.Credentials; c != nil {
+		res.RequeueAfter = SecretRereadInterval
 		var sec corev1.Secret
-		err := r.Get(ctx, types.NamespacedName{Namespace: tq.Namespace, Name: c.SecretRef.Name}, &sec)
+		err := r.secrets().Get(ctx, types.NamespacedName{Namespace: tq.Namespace, Name: c.SecretRef.Name}, &sec)
+		unreadable := ""
 		switch {
 		case apierrors.IsNotFound(err):
+			unreadable = "Secret " + c.SecretRef.Name + " not found"
 			logf.FromContext(ctx).Info("tenant key Secret not found; the tenant cannot authenticate by API key until it exists", "secret", c.SecretRef.Name)
+		case apierrors.IsForbidden(err):
+			// The operator has not yet added the Secret to the pool's Role.
+			unreadable = "Secret " + c.SecretRef.Name + " not readable by the scheduler yet"
+			logf.FromContext(ctx).Info("tenant key Secret not readable yet (the operator adds it to the scheduler's Role); retrying", "secret", c.SecretRef.Name)
 		case err != nil:
-			return err
+			return reconcile.Result{}, err
 		default:
 			key := c.SecretRef.Key
 			if key == "" {
@@ -143,9 +181,10 @@ func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) 
 				}
 			}
 		}
-		if err == nil || apierrors.IsNotFound(err) {
-			if c.WebhookSigningKey != "" && pol.WebhookSigning == nil {
-				pol.WebhookSigning = &registry.WebhookSigning{Invalid: "Secret " + c.SecretRef.Name + " not found"}
+		if unreadable != "" {
+			res.RequeueAfter = SecretRetryInterval
+			if c.WebhookSigningKey != "" {
+				pol.WebhookSigning = &registry.WebhookSigning{Invalid: unreadable}
 			}
 		}
 	}
@@ -154,22 +193,14 @@ func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) 
 		// retrying cannot help until the spec or another object changes.
 		logf.FromContext(ctx).Info("TenantQuota cannot be served", "reason", err.Error())
 	}
-	return nil
+	return res, nil
 }
 
-// SetupWithManager registers both sync reconcilers, the Secret index and
-// watch, and the initial sync that marks the registry ready. The reconcilers
-// run on every replica (no leader election), so a standby is warm.
+// SetupWithManager registers both sync reconcilers and the initial sync that
+// marks the registry ready. The reconcilers run on every replica (no leader
+// election), so a standby is warm. Secrets are read with the manager's API
+// reader (direct GETs, no informer).
 func SetupWithManager(mgr manager.Manager, reg *registry.Registry, state *State, namespace, pool string) error {
-	ctx := context.Background()
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.TenantQuota{}, secretRefIndex, func(o client.Object) []string {
-		if c := o.(*v1alpha1.TenantQuota).Spec.Credentials; c != nil {
-			return []string{c.SecretRef.Name}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing TenantQuotas by Secret: %w", err)
-	}
 	noLeader := false
 	pr := &PoolReconciler{Reader: mgr.GetClient(), Registry: reg, Namespace: namespace, PoolName: pool, State: state}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("providerpool-sync").
@@ -180,20 +211,9 @@ func SetupWithManager(mgr manager.Manager, reg *registry.Registry, state *State,
 		Complete(pr); err != nil {
 		return err
 	}
-	tr := &TenantReconciler{Reader: mgr.GetClient(), Registry: reg, Namespace: namespace, PoolName: pool}
+	tr := &TenantReconciler{Reader: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Registry: reg, Namespace: namespace, PoolName: pool}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("tenantquota-sync").
 		For(&v1alpha1.TenantQuota{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var list v1alpha1.TenantQuotaList
-			if err := mgr.GetClient().List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{secretRefIndex: o.GetName()}); err != nil {
-				return nil
-			}
-			out := make([]reconcile.Request, 0, len(list.Items))
-			for i := range list.Items {
-				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-			}
-			return out
-		})).
 		WithOptions(controller.Options{NeedLeaderElection: &noLeader}).
 		Complete(tr); err != nil {
 		return err
@@ -242,7 +262,7 @@ func (s *initialSync) Sync(ctx context.Context) error {
 		if tq.Spec.PoolRef.Name != s.tenants.PoolName || !tq.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if err := s.tenants.apply(ctx, tq); err != nil {
+		if _, err := s.tenants.apply(ctx, tq); err != nil {
 			return fmt.Errorf("loading TenantQuota %s: %w", tq.Name, err)
 		}
 	}

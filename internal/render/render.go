@@ -1,14 +1,17 @@
 // Package render turns a ProviderPool into the Kubernetes objects of its
 // scheduler: a ConfigMap holding the static scheduler settings
 // (internal/schedconfig), a ServiceAccount, a RoleBinding of that account to
-// the shipped scheduler ClusterRole, a ClusterIP Service, the
+// the shipped scheduler ClusterRole, a Role and RoleBinding granting that
+// account GET on exactly the tenant key Secrets of the pool's TenantQuotas
+// (the shipped ClusterRole grants no Secret access), a ClusterIP Service, the
 // PersistentVolumeClaim of the durable job store (jobStore type Volume, the
 // default) and the Deployment.
 //
 // Rendering is a pure function of (pool, Options): no client, no clock, no
 // environment, so the same inputs always give byte-identical objects and the
 // golden files in testdata pin the output. Every object is named
-// "<pool>-scheduler", carries the standard app.kubernetes.io labels and the
+// "<pool>-scheduler" (the Secret Role and its RoleBinding
+// "<pool>-scheduler-secrets"), carries the standard app.kubernetes.io labels and the
 // quota.fairshare.dev/pool label, and has the pool as its controller owner so
 // that deleting the pool garbage-collects it. Objects carry their TypeMeta
 // because the operator applies them with server-side apply.
@@ -24,6 +27,8 @@ package render
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -121,6 +126,10 @@ const (
 // NameSuffix is appended to the pool name to name every rendered object.
 const NameSuffix = "-scheduler"
 
+// SecretsNameSuffix is appended to Name(pool) to name the Role granting the
+// scheduler GET on its tenants' key Secrets, and that Role's RoleBinding.
+const SecretsNameSuffix = "-secrets"
+
 // MaxPoolNameLength is the longest pool name that can be rendered: the
 // Service name "<pool>-scheduler" must be a DNS-1035 label (at most 63
 // characters) and the pool name is a label value (at most 63).
@@ -157,6 +166,13 @@ type Objects struct {
 	ServiceAccount *corev1.ServiceAccount
 	// RoleBinding binds ServiceAccount to Options.SchedulerClusterRole in the pool namespace.
 	RoleBinding *rbacv1.RoleBinding
+	// SecretsRole grants GET (no list, no watch) on the tenant key Secrets
+	// named in resourceNames, and nothing when there are none. Named
+	// SecretsName(pool).
+	SecretsRole *rbacv1.Role
+	// SecretsRoleBinding binds ServiceAccount to SecretsRole. Named
+	// SecretsName(pool).
+	SecretsRoleBinding *rbacv1.RoleBinding
 	// Service exposes the gateway (http, 8080) and metrics (metrics, 9090).
 	Service *corev1.Service
 	// JobStoreClaim holds the durable job store (jobStore type Volume); nil
@@ -169,10 +185,10 @@ type Objects struct {
 }
 
 // List returns the objects in apply order: dependencies (ConfigMap,
-// ServiceAccount, RoleBinding, Service, JobStoreClaim when not nil) before
-// the Deployment that uses them.
+// ServiceAccount, RoleBinding, SecretsRole, SecretsRoleBinding, Service,
+// JobStoreClaim when not nil) before the Deployment that uses them.
 func (o Objects) List() []Object {
-	l := []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.Service}
+	l := []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.SecretsRole, o.SecretsRoleBinding, o.Service}
 	if o.JobStoreClaim != nil {
 		l = append(l, o.JobStoreClaim)
 	}
@@ -182,6 +198,36 @@ func (o Objects) List() []Object {
 // Name returns the name of every object rendered for the pool: "<pool>-scheduler".
 func Name(pool *v1alpha1.ProviderPool) string {
 	return pool.Name + NameSuffix
+}
+
+// SecretsName returns the name of the pool's Secret Role and its
+// RoleBinding: "<pool>-scheduler-secrets".
+func SecretsName(pool *v1alpha1.ProviderPool) string {
+	return Name(pool) + SecretsNameSuffix
+}
+
+// TenantSecretNames returns the names of the Secrets holding the API keys of
+// the pool's tenants: spec.credentials.secretRef.name of every TenantQuota in
+// the pool's namespace whose spec.poolRef names the pool and that is not
+// being deleted, sorted and without duplicates. They are the only Secrets the
+// scheduler reads (internal/kube TenantReconciler); the provider key reaches
+// the scheduler through a secretKeyRef environment variable, which the
+// kubelet resolves, so the scheduler's account needs no access to it.
+func TenantSecretNames(pool *v1alpha1.ProviderPool, tenants []v1alpha1.TenantQuota) []string {
+	seen := map[string]bool{}
+	var names []string
+	for i := range tenants {
+		tq := &tenants[i]
+		c := tq.Spec.Credentials
+		if tq.Namespace != pool.Namespace || tq.Spec.PoolRef.Name != pool.Name || !tq.DeletionTimestamp.IsZero() ||
+			c == nil || c.SecretRef.Name == "" || seen[c.SecretRef.Name] {
+			continue
+		}
+		seen[c.SecretRef.Name] = true
+		names = append(names, c.SecretRef.Name)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // Labels returns the labels set on every rendered object and on the pod template.
@@ -264,13 +310,22 @@ func jobStorePath(pool *v1alpha1.ProviderPool) string {
 	return ""
 }
 
-// Render renders the pool's scheduler objects. It returns an error wrapping
+// Render renders the pool's scheduler objects with no tenant Secret readable
+// by the scheduler: RenderWithTenantSecrets(pool, opts, nil).
+func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
+	return RenderWithTenantSecrets(pool, opts, nil)
+}
+
+// RenderWithTenantSecrets renders the pool's scheduler objects; the
+// SecretsRole grants GET on exactly the Secrets named in tenantSecrets
+// (normally TenantSecretNames of the pool's TenantQuotas; sorted and
+// deduplicated here again). It returns an error wrapping
 // ErrInvalidPool when the pool has no name, namespace or UID, when
 // "<pool>-scheduler" is not a valid DNS-1035 label (pool names longer than
 // MaxPoolNameLength or not starting with a letter), when no image is set in
 // the spec nor in opts.DefaultImage, when opts.SchedulerClusterRole is empty,
 // or when the settings do not validate.
-func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
+func RenderWithTenantSecrets(pool *v1alpha1.ProviderPool, opts Options, tenantSecrets []string) (Objects, error) {
 	if err := validate(pool, opts); err != nil {
 		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
 	}
@@ -279,11 +334,13 @@ func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
 		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
 	}
 	objs := Objects{
-		ConfigMap:      configMap(pool, settings),
-		ServiceAccount: serviceAccount(pool),
-		RoleBinding:    roleBinding(pool, opts),
-		Service:        service(pool),
-		Deployment:     deployment(pool, opts, settings),
+		ConfigMap:          configMap(pool, settings),
+		ServiceAccount:     serviceAccount(pool),
+		RoleBinding:        roleBinding(pool, opts),
+		SecretsRole:        secretsRole(pool, tenantSecrets),
+		SecretsRoleBinding: secretsRoleBinding(pool),
+		Service:            service(pool),
+		Deployment:         deployment(pool, opts, settings),
 	}
 	if VolumeJobStore(pool) {
 		objs.JobStoreClaim = jobStoreClaim(pool)
@@ -351,6 +408,50 @@ func roleBinding(pool *v1alpha1.ProviderPool, opts Options) *rbacv1.RoleBinding 
 			APIGroup: rbacv1.GroupName,
 			Kind:     "ClusterRole",
 			Name:     opts.SchedulerClusterRole,
+		},
+		Subjects: []rbacv1.Subject{{
+			Kind:      rbacv1.ServiceAccountKind,
+			Name:      Name(pool),
+			Namespace: pool.Namespace,
+		}},
+	}
+}
+
+// secretsRole grants GET on the named Secrets. With no names the Role has no
+// rules: a rule with empty resourceNames would match every Secret of the
+// namespace. No list or watch: RBAC cannot restrict a list to names (except
+// by a metadata.name field selector), and the scheduler reads each Secret
+// with a GET.
+func secretsRole(pool *v1alpha1.ProviderPool, names []string) *rbacv1.Role {
+	m := meta(pool)
+	m.Name = SecretsName(pool)
+	r := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "Role"},
+		ObjectMeta: m,
+		Rules:      []rbacv1.PolicyRule{},
+	}
+	names = slices.Compact(slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == "" }))))
+	if len(names) > 0 {
+		r.Rules = append(r.Rules, rbacv1.PolicyRule{
+			APIGroups:     []string{""},
+			Resources:     []string{"secrets"},
+			Verbs:         []string{"get"},
+			ResourceNames: names,
+		})
+	}
+	return r
+}
+
+func secretsRoleBinding(pool *v1alpha1.ProviderPool) *rbacv1.RoleBinding {
+	m := meta(pool)
+	m.Name = SecretsName(pool)
+	return &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"},
+		ObjectMeta: m,
+		RoleRef: rbacv1.RoleRef{
+			APIGroup: rbacv1.GroupName,
+			Kind:     "Role",
+			Name:     SecretsName(pool),
 		},
 		Subjects: []rbacv1.Subject{{
 			Kind:      rbacv1.ServiceAccountKind,

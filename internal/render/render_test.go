@@ -6,10 +6,12 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -117,9 +119,12 @@ func TestRenderGolden(t *testing.T) {
 		"full":    fullPool(),
 		"memory":  memoryPool(),
 	}
+	// The full pool has two tenants with key Secrets (given unsorted and
+	// with a duplicate: the Role lists each once, sorted).
+	secrets := map[string][]string{"full": {"tenant-b-key", "tenant-a-key", "tenant-b-key"}}
 	for name, pool := range tests {
 		t.Run(name, func(t *testing.T) {
-			objs, err := Render(pool, testOptions)
+			objs, err := RenderWithTenantSecrets(pool, testOptions, secrets[name])
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
@@ -290,8 +295,12 @@ func TestRenderMetadata(t *testing.T) {
 			if gvk.Version == "" || gvk.Kind == "" {
 				t.Errorf("TypeMeta not set: %v", gvk)
 			}
-			if o.GetName() != "demo-scheduler" || o.GetNamespace() != "fairshare-demo" {
-				t.Errorf("object %s/%s, want fairshare-demo/demo-scheduler", o.GetNamespace(), o.GetName())
+			wantName := "demo-scheduler"
+			if o == Object(objs.SecretsRole) || o == Object(objs.SecretsRoleBinding) {
+				wantName = "demo-scheduler-secrets"
+			}
+			if o.GetName() != wantName || o.GetNamespace() != "fairshare-demo" {
+				t.Errorf("object %s/%s, want fairshare-demo/%s", o.GetNamespace(), o.GetName(), wantName)
 			}
 			if diff := cmp.Diff(wantLabels, o.GetLabels()); diff != "" {
 				t.Errorf("labels (-want +got):\n%s", diff)
@@ -438,7 +447,7 @@ func TestRenderJobStore(t *testing.T) {
 			if diff := cmp.Diff(tc.wantClass, c.Spec.StorageClassName); diff != "" {
 				t.Errorf("storage class (-want +got):\n%s", diff)
 			}
-			if got, want := len(objs.List()), 6; got != want {
+			if got, want := len(objs.List()), 8; got != want {
 				t.Errorf("List has %d objects, want %d", got, want)
 			}
 			ps := objs.Deployment.Spec.Template.Spec
@@ -471,8 +480,8 @@ func TestRenderJobStore(t *testing.T) {
 		if objs.JobStoreClaim != nil {
 			t.Errorf("Memory store rendered a claim: %+v", objs.JobStoreClaim)
 		}
-		if got := len(objs.List()); got != 5 {
-			t.Errorf("List has %d objects, want 5", got)
+		if got := len(objs.List()); got != 7 {
+			t.Errorf("List has %d objects, want 7", got)
 		}
 		ps := objs.Deployment.Spec.Template.Spec
 		if len(ps.Volumes) != 1 || len(ps.Containers[0].VolumeMounts) != 1 || ps.SecurityContext.FSGroup != nil {
@@ -483,4 +492,73 @@ func TestRenderJobStore(t *testing.T) {
 			t.Errorf("jobStorePath = %q, want empty", s.JobStorePath)
 		}
 	})
+}
+
+// TestRenderSecretsRole: the scheduler's account may GET exactly the named
+// tenant key Secrets; with none the Role has no rule at all (a rule with no
+// resourceNames would grant every Secret of the namespace), and it never
+// grants list or watch.
+func TestRenderSecretsRole(t *testing.T) {
+	tests := map[string]struct {
+		names []string
+		want  []rbacv1.PolicyRule
+	}{
+		"none":          {names: nil, want: []rbacv1.PolicyRule{}},
+		"only empty":    {names: []string{""}, want: []rbacv1.PolicyRule{}},
+		"sorted unique": {names: []string{"b", "a", "b", ""}, want: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: []string{"a", "b"}}}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := slices.Clone(tc.names)
+			objs, err := RenderWithTenantSecrets(defaultPool(), testOptions, tc.names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, objs.SecretsRole.Rules); diff != "" {
+				t.Errorf("rules (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(in, tc.names); diff != "" {
+				t.Errorf("the caller's slice was modified (-before +after):\n%s", diff)
+			}
+			rb := objs.SecretsRoleBinding
+			wantRef := rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "demo-scheduler-secrets"}
+			wantSub := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "demo-scheduler", Namespace: "fairshare-demo"}}
+			if diff := cmp.Diff(wantRef, rb.RoleRef); diff != "" {
+				t.Errorf("roleRef (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantSub, rb.Subjects); diff != "" {
+				t.Errorf("subjects (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestTenantSecretNames: only TenantQuotas of this pool, in its namespace,
+// not being deleted, with credentials, count; names are sorted and unique.
+func TestTenantSecretNames(t *testing.T) {
+	pool := defaultPool()
+	tq := func(ns, poolName, secret string, deleting bool) v1alpha1.TenantQuota {
+		q := v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: ns}}
+		q.Spec.PoolRef.Name = poolName
+		if secret != "" {
+			q.Spec.Credentials = &v1alpha1.TenantCredentials{SecretRef: v1alpha1.SecretKeyRef{Name: secret}}
+		}
+		if deleting {
+			now := metav1.Now()
+			q.DeletionTimestamp = &now
+		}
+		return q
+	}
+	got := TenantSecretNames(pool, []v1alpha1.TenantQuota{
+		tq("fairshare-demo", "demo", "z-key", false),
+		tq("fairshare-demo", "demo", "a-key", false),
+		tq("fairshare-demo", "demo", "z-key", false),
+		tq("fairshare-demo", "demo", "", false),
+		tq("fairshare-demo", "other", "other-pool-key", false),
+		tq("elsewhere", "demo", "other-ns-key", false),
+		tq("fairshare-demo", "demo", "deleting-key", true),
+	})
+	if diff := cmp.Diff([]string{"a-key", "z-key"}, got); diff != "" {
+		t.Errorf("names (-want +got):\n%s", diff)
+	}
 }

@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/yaml"
@@ -99,19 +101,96 @@ func checkProperty(path string, s *apiextensionsv1.JSONSchemaProps, problems *[]
 			*problems = append(*problems, problem{path, fmt.Sprintf("default %s: %v", s.Default.Raw, err)})
 			return
 		}
-		if !strings.Contains(strings.ToLower(d), "default") {
+		stated := statedDefaults(d)
+		if len(stated) == 0 {
 			*problems = append(*problems, problem{path, fmt.Sprintf("default %s not stated (write \"Defaults to ...\")", s.Default.Raw)})
 			return
 		}
-		switch v.(type) {
-		case map[string]any, []any:
-		default:
-			// A scalar default is stated with its value.
-			if lit := fmt.Sprint(v); !strings.Contains(d, lit) {
-				*problems = append(*problems, problem{path, fmt.Sprintf("states a default but not its value %s", lit)})
+		for _, lit := range stated {
+			if !sameValue(lit, v) {
+				*problems = append(*problems, problem{path, fmt.Sprintf("states the default %s, the schema's is %s", lit, s.Default.Raw)})
 			}
 		}
 	}
+}
+
+// defaultAfterRE finds a default stated before its value: "Defaults to V"
+// (a line break may follow "Defaults"),
+// "defaults to V" (after "Must be > 0;") and "Default: V" (capitalised: a
+// lower-case "(default: ...)" explains the value written before it).
+var defaultAfterRE = regexp.MustCompile(`(?:\b[Dd]efaults\s+to|\bDefault:)\s+`)
+
+// defaultBeforeRE finds a default stated after its value, as in
+// "Hard (default: reject over the limit)" or "ReadWriteOnce (the default)":
+// the value is the word before the parenthesis.
+var defaultBeforeRE = regexp.MustCompile("([^\\s(),;]+)\\s+\\((?:the )?default\\b")
+
+// statedDefaults returns the literal of every default stated in the
+// description d (see defaultAfterRE, defaultBeforeRE): a JSON object or
+// array ("{}"), a double-quoted string, or a word (a number, a bare
+// string), without a sentence's closing period or enclosing back quotes.
+func statedDefaults(d string) []string {
+	var out []string
+	for _, m := range defaultAfterRE.FindAllStringIndex(d, -1) {
+		out = append(out, literalAt(d[m[1]:]))
+	}
+	for _, m := range defaultBeforeRE.FindAllStringSubmatch(d, -1) {
+		out = append(out, trimWord(m[1]))
+	}
+	return out
+}
+
+// literalAt returns the literal at the start of s (see statedDefaults).
+func literalAt(s string) string {
+	switch {
+	case strings.HasPrefix(s, "{"), strings.HasPrefix(s, "["):
+		depth := 0
+		for i, r := range s {
+			switch r {
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+			if depth == 0 {
+				return s[:i+1]
+			}
+		}
+		return s
+	case strings.HasPrefix(s, `"`):
+		if i := strings.Index(s[1:], `"`); i >= 0 {
+			return s[:i+2]
+		}
+		return s
+	}
+	end := strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || strings.ContainsRune("(),;", r) })
+	if end < 0 {
+		end = len(s)
+	}
+	return trimWord(s[:end])
+}
+
+// trimWord drops a closing period and enclosing back quotes from a word.
+func trimWord(w string) string {
+	w = strings.TrimSuffix(w, ".")
+	if len(w) >= 2 && strings.HasPrefix(w, "`") && strings.HasSuffix(w, "`") {
+		w = w[1 : len(w)-1]
+	}
+	return w
+}
+
+// sameValue reports whether the stated literal lit is exactly the schema
+// default v (decoded from JSON): a number equal to it, the same string
+// (quoted in JSON or bare), or the same JSON object or array ("{}").
+func sameValue(lit string, v any) bool {
+	if s, ok := v.(string); ok && lit == s {
+		return true
+	}
+	var got any
+	if err := json.Unmarshal([]byte(lit), &got); err != nil {
+		return false
+	}
+	return reflect.DeepEqual(got, v)
 }
 
 // crdFiles are the generated CRDs.
@@ -159,7 +238,8 @@ func TestCheckerFindsEachProblem(t *testing.T) {
 			"mode":     {Type: "string", Description: "The mode.", Default: raw(`"Fast"`)},
 			"interval": {Type: "integer", Description: "In seconds. Defaults to 5.", Default: raw(`10`)},
 			"ok":       {Type: "integer", Description: "In seconds. Defaults to 10.", Default: raw(`10`)},
-			"obj":      {Type: "object", Description: "Empty by default.", Default: raw(`{}`)},
+			"obj":      {Type: "object", Description: "Settings. Defaults to {} (each field at its own default).", Default: raw(`{}`)},
+			"vague":    {Type: "object", Description: "Empty by default.", Default: raw(`{}`)},
 			"list":     {Type: "array", Description: "Items.", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"n": {Type: "number"}}}}},
 		}},
 	}}
@@ -170,7 +250,7 @@ func TestCheckerFindsEachProblem(t *testing.T) {
 		got = append(got, p.path)
 	}
 	sort.Strings(got)
-	want := []string{"spec.bare", "spec.interval", "spec.limit", "spec.list[].n", "spec.mode"}
+	want := []string{"spec.bare", "spec.interval", "spec.limit", "spec.list[].n", "spec.mode", "spec.vague"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("problems at %v, want %v (%v)", got, want, problems)
 	}
