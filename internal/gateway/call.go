@@ -67,6 +67,8 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 	class := metrics.ClassInteractive
 	if p == throttle.Batch {
 		class = metrics.ClassBatch
+	} else {
+		g.lastInteractive.Store(now.UnixNano())
 	}
 	cost := pool.CostModel.Cost(prompt, maxOut)
 	if lim := m.TokenLimit(); lim > 0 && cost.ProviderTokens > lim {

@@ -222,8 +222,11 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	}
 	skip := map[string]bool{} // tenants whose admission raced this pass
 	for ctx.Err() == nil {
-		if len(g.sem) == cap(g.sem) {
-			break // woken when a slot is released
+		if slots, borrowAt := d.batchSlots(now); len(g.sem) >= slots {
+			// Woken when a slot is released, or when borrowing the
+			// reserved slots begins.
+			wakeAt = earliest(wakeAt, borrowAt)
+			break
 		}
 		var out []doomed
 		eligible := func(tenant string, head *fairqueue.Job) fairqueue.Eligibility {
@@ -436,7 +439,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 			// never succeed, and it is no reason to pause the model (BC-10).
 			g.providerRefusedTooLarge(now, c, q, lim)
 			e := upstreamTooLargeError(c.model.Name, c.model.TokenLimit())
-			d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}, jsonOrNil(eb), nil)
+			d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}, jsonOrNil(redactKey(eb, g.key)), nil)
 			return
 		}
 	}
@@ -463,12 +466,19 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 			notBefore = q.RetryAfter
 		}
 		d.retryLaterAfter(now, fj, job, fmt.Sprintf("The provider answered %d.", resp.StatusCode), notBefore)
+	case isAuthRefusal(resp.StatusCode):
+		// The provider refused the pool's key: the job fails without the
+		// provider's body, which may quote the key.
+		c.settle(settleRefund, limiter.Usage{})
+		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: codeUpstreamAuthentication,
+			Message: fmt.Sprintf("The provider refused the pool's credentials (%d).", resp.StatusCode)}, nil, nil)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		// The provider refused the request itself (400, 413, ...): retrying
-		// it unchanged can never succeed (BC-10).
+		// it unchanged can never succeed (BC-10). Its body is kept with
+		// the provider key redacted.
 		c.settle(settleRefund, limiter.Usage{})
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
-			Message: fmt.Sprintf("The provider refused the request with %d.", resp.StatusCode)}, jsonOrNil(body), nil)
+			Message: fmt.Sprintf("The provider refused the request with %d.", resp.StatusCode)}, jsonOrNil(redactKey(body, g.key)), nil)
 	case readErr != nil || int64(len(body)) > g.maxResp:
 		c.settle(settleUsage, limiter.Usage{})
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
@@ -671,4 +681,31 @@ func (g *Gateway) tenantRemoved(t *registry.Tenant) {
 	g.metrics.ForgetTenant(t.ID)
 	g.log.Info("TenantQuota removed: the tenant is no longer admitted and its queued jobs failed", "tenant", t.ID, "failedJobs", failed)
 	d.wake()
+}
+
+// batchSlots is how many of the pool's upstream concurrency slots batch jobs
+// may fill: all but the pool's reserve share of them, ceil(slots x
+// ReservePercent / 100) and at most all but one, so that an interactive call
+// finds a free slot while a batch backlog drains (the reserve for
+// interactive traffic, seed 000 "two paths", applied to concurrency as the
+// throttle applies it to quota). Once no interactive call has arrived for
+// the pool's BorrowAfter, batch may fill every slot, as it may borrow the
+// throttle's reserve. borrowAt is when that borrowing would begin (zero
+// when it has, or never will).
+func (d *dispatcher) batchSlots(now time.Time) (slots int, borrowAt time.Time) {
+	g := d.g
+	total := cap(g.sem)
+	pool := g.reg.Pool()
+	if pool == nil || pool.ReservePercent <= 0 || total <= 1 {
+		return total, time.Time{}
+	}
+	reserved := min((total*int(pool.ReservePercent)+99)/100, total-1)
+	if pool.BorrowAfter > 0 {
+		at := time.Unix(0, g.lastInteractive.Load()).Add(pool.BorrowAfter)
+		if !now.Before(at) {
+			return total, time.Time{}
+		}
+		borrowAt = at
+	}
+	return total - reserved, borrowAt
 }

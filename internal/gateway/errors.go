@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -43,14 +44,18 @@ const (
 	// codeUpstreamInvalidResponse: the provider answered 200 with a body
 	// that is not valid JSON (502).
 	codeUpstreamInvalidResponse = "upstream_invalid_response"
-	codeNotReady                = "not_ready"
-	codeJobNotFound             = "job_not_found"
-	codeJobNotCancellable       = "job_not_cancellable"
-	codeInvalidEndpoint         = "invalid_endpoint"
-	codeInvalidDeadline         = "invalid_deadline"
-	codeStreamNotSupported      = "stream_not_supported"
-	codeMethodNotAllowed        = "method_not_allowed"
-	codeMaxTokensTooLarge       = "max_tokens_too_large"
+	// codeUpstreamAuthentication: the provider refused the pool's own
+	// credentials (401 or 403); the provider's body, which may quote the
+	// key, is never passed on (502).
+	codeUpstreamAuthentication = "upstream_authentication_failed"
+	codeNotReady               = "not_ready"
+	codeJobNotFound            = "job_not_found"
+	codeJobNotCancellable      = "job_not_cancellable"
+	codeInvalidEndpoint        = "invalid_endpoint"
+	codeInvalidDeadline        = "invalid_deadline"
+	codeStreamNotSupported     = "stream_not_supported"
+	codeMethodNotAllowed       = "method_not_allowed"
+	codeMaxTokensTooLarge      = "max_tokens_too_large"
 )
 
 // Quota units of quotaDim. unitTokens and unitRequests name the
@@ -411,4 +416,30 @@ func refillTime(missing, perMinute int64) time.Duration {
 		return 0
 	}
 	return time.Duration(float64(missing) / float64(perMinute) * float64(time.Minute))
+}
+
+// upstreamAuthError is the answer to a call the provider refused with 401 or
+// 403: the pool's credentials are wrong, not the tenant's request, so the
+// tenant gets a 502 naming the pool's credentials and never the provider's
+// body (providers quote the key they refused, e.g. "Incorrect API key
+// provided: sk-...").
+func upstreamAuthError() *apiError {
+	return &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamAuthentication,
+		message: "The provider refused the pool's credentials; the pool's operator must fix spec.upstream.credentialsSecretRef."}
+}
+
+// redactKey returns b with every occurrence of the provider key replaced by
+// "[REDACTED]": the backstop for provider error bodies passed to tenants or
+// stored with jobs. b is returned as is when key is empty or absent.
+func redactKey(b []byte, key string) []byte {
+	if key == "" || !bytes.Contains(b, []byte(key)) {
+		return b
+	}
+	return bytes.ReplaceAll(b, []byte(key), []byte("[REDACTED]"))
+}
+
+// isAuthRefusal reports whether an upstream status says the provider
+// refused the pool's credentials (RFC 9110 sections 15.5.2 and 15.5.4).
+func isAuthRefusal(status int) bool {
+	return status == http.StatusUnauthorized || status == http.StatusForbidden
 }

@@ -67,7 +67,68 @@ const (
 	DefaultMaxResponseBytes = 32 << 20
 	// DefaultUpstreamConcurrency bounds upstream calls in flight.
 	DefaultUpstreamConcurrency = 64
+	// DefaultBodyReadTimeout bounds the reading of one request body: 60 s
+	// (8 MiB at about 1 Mbit/s). A client that sends its body slower is cut
+	// off and answered 400 invalid_request (docs/operations.md "Client
+	// timeouts and limits").
+	DefaultBodyReadTimeout = 60 * time.Second
+	// DefaultWriteStallTimeout bounds one write of a response to the client
+	// (a streamed event, a chunk of a body): 30 s. A client that reads
+	// nothing for that long is cut off, so a stalled reader cannot hold an
+	// upstream call, its concurrency slot and KV blocks (docs/operations.md
+	// "Client timeouts and limits").
+	DefaultWriteStallTimeout = 30 * time.Second
 )
+
+// Limits of the data plane's HTTP server (NewServer; docs/operations.md
+// "Client timeouts and limits").
+const (
+	// DefaultReadHeaderTimeout bounds the reading of a request's headers
+	// (slowloris): 10 s.
+	DefaultReadHeaderTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a keep-alive connection idle this long:
+	// 120 s.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's header block: 64 KiB
+	// (net/http answers 431 beyond it).
+	DefaultMaxHeaderBytes = 64 << 10
+)
+
+// ServerOptions are the limits of NewServer; a zero field takes its
+// default.
+type ServerOptions struct {
+	// ReadHeaderTimeout bounds reading the request line and headers;
+	// <= 0 means DefaultReadHeaderTimeout.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection's idle time; <= 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the header block; <= 0 means
+	// DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+}
+
+// NewServer returns the HTTP server of the data plane (and of the metrics
+// endpoint) serving h, with the limits of o. ReadTimeout and WriteTimeout
+// stay 0 on purpose: they are connection deadlines over a whole request,
+// and a read deadline that passes while a response streams cancels the
+// request's context (net/http's background read), so a stream would be cut
+// at that age. The gateway bounds instead the reading of each body
+// (Options.BodyReadTimeout) and each write to the client
+// (Options.WriteStallTimeout); a stream lasts at most the pool's upstream
+// timeout.
+func NewServer(h http.Handler, o ServerOptions) *http.Server {
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	return &http.Server{Handler: h, ReadHeaderTimeout: o.ReadHeaderTimeout, IdleTimeout: o.IdleTimeout, MaxHeaderBytes: o.MaxHeaderBytes}
+}
 
 // Options configure a Gateway.
 type Options struct {
@@ -99,23 +160,36 @@ type Options struct {
 	MaxResponseBytes int64
 	// Rand returns a number in [0, 1) for retry jitter; nil uses math/rand/v2.
 	Rand func() float64
+	// BodyReadTimeout bounds the reading of one request body (real time);
+	// <= 0 means DefaultBodyReadTimeout.
+	BodyReadTimeout time.Duration
+	// WriteStallTimeout bounds each write of a response to the client
+	// (real time); <= 0 means DefaultWriteStallTimeout.
+	WriteStallTimeout time.Duration
 }
 
 // Gateway serves the data plane of one pool.
 type Gateway struct {
-	reg      *registry.Registry
-	store    jobs.Store
-	clock    clock.WithTicker
-	metrics  *metrics.Metrics
-	key      string
-	client   *http.Client
-	log      logr.Logger
-	maxBody  int64
-	maxResp  int64
-	rand     func() float64
-	sem      chan struct{}
-	mux      *http.ServeMux
-	dispatch *dispatcher
+	reg     *registry.Registry
+	store   jobs.Store
+	clock   clock.WithTicker
+	metrics *metrics.Metrics
+	key     string
+	client  *http.Client
+	log     logr.Logger
+	maxBody int64
+	maxResp int64
+	rand    func() float64
+	// bodyRead bounds reading a request body; writeStall each write of a
+	// response (real time).
+	bodyRead, writeStall time.Duration
+	sem                  chan struct{}
+	// lastInteractive is when the last interactive call arrived, in Unix
+	// nanoseconds of clock (batchSlots lends the reserved slots to batch
+	// after the pool's BorrowAfter without one).
+	lastInteractive atomic.Int64
+	mux             *http.ServeMux
+	dispatch        *dispatcher
 	// pending are the store's unfinished jobs at New, queued again by Run.
 	pending []jobs.Job
 	// hooks delivers completion webhooks; stopped when Run returns.
@@ -156,11 +230,19 @@ func New(o Options) *Gateway {
 	if o.MaxResponseBytes <= 0 {
 		o.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	if o.BodyReadTimeout <= 0 {
+		o.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if o.WriteStallTimeout <= 0 {
+		o.WriteStallTimeout = DefaultWriteStallTimeout
+	}
 	g := &Gateway{
 		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.ProviderKey,
 		client: o.Client, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
+		bodyRead: o.BodyReadTimeout, writeStall: o.WriteStallTimeout,
 		sem: make(chan struct{}, o.UpstreamConcurrency),
 	}
+	g.lastInteractive.Store(g.clock.Now().UnixNano())
 	g.dispatch = newDispatcher(g)
 	g.hooks = newWebhookNotifier(g)
 	g.recovered = make(chan struct{})
@@ -201,15 +283,54 @@ func newTransport(conc int) *http.Transport {
 func (g *Gateway) Handler() http.Handler { return g }
 
 // ServeHTTP implements http.Handler: the routes of the package doc; other
-// paths get an OpenAI-style 404.
+// paths get an OpenAI-style 404. Every write of the response to the client
+// is bounded by the write stall timeout (stallWriter).
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), stall: g.writeStall}
+	// A deadline left on a keep-alive connection by its previous response
+	// must not cut this one before its first write.
+	_ = sw.rc.SetWriteDeadline(time.Time{})
+	defer sw.arm() // bounds the server's final flush after the handler
 	if _, pattern := g.mux.Handler(r); pattern == "" {
-		writeError(w, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: "not_found",
+		writeError(sw, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: "not_found",
 			message: "Unknown path " + r.URL.Path + "."})
 		return
 	}
-	g.mux.ServeHTTP(w, r)
+	g.mux.ServeHTTP(sw, r)
 }
+
+// stallWriter bounds each write and flush of a response with a write
+// deadline stall ahead (real time). Without it a client that stops reading
+// a stream blocks the gateway's write for ever once the TCP buffers are
+// full, holding the upstream call, the tenant's concurrency slot and KV
+// blocks and a pool slot. The blocked write then fails, the stream is
+// settled from the deltas sent (proxyStream) and everything is released.
+// Unwrap lets http.ResponseController reach the connection.
+type stallWriter struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+// arm sets the connection's write deadline stall from now (ignored when the
+// writer has none, as httptest.ResponseRecorder).
+func (s *stallWriter) arm() { _ = s.rc.SetWriteDeadline(time.Now().Add(s.stall)) }
+
+// Write implements http.ResponseWriter.
+func (s *stallWriter) Write(b []byte) (int, error) {
+	s.arm()
+	return s.ResponseWriter.Write(b)
+}
+
+// FlushError flushes buffered data to the client within the stall bound
+// (http.ResponseController.Flush calls it).
+func (s *stallWriter) FlushError() error {
+	s.arm()
+	return s.rc.Flush()
+}
+
+// Unwrap returns the underlying writer (http.ResponseController).
+func (s *stallWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // Run queues again the jobs left in the store by a previous run (recover),
 // then runs the dispatcher until ctx is cancelled; it waits for the

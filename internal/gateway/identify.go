@@ -3,6 +3,7 @@ package gateway
 import (
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
@@ -49,19 +50,26 @@ func (g *Gateway) identify(r *http.Request) (*registry.Tenant, *registry.PoolPol
 }
 
 // identifyAndRead identifies the tenant of r and reads its body (at most
-// the gateway's body limit); on failure it writes the refusal and reports
-// ok false.
+// the gateway's body limit, within its body read timeout: a read deadline
+// set for the body, cleared once it is read so that it cannot cancel a
+// response that streams longer, kept when the body is refused); on failure
+// it writes the refusal and reports ok false.
 func (g *Gateway) identifyAndRead(w http.ResponseWriter, r *http.Request) (t *registry.Tenant, pool *registry.PoolPolicy, body []byte, ok bool) {
 	t, pool, aerr := g.identify(r)
 	if aerr != nil {
 		g.refuse(w, nil, aerr)
 		return nil, nil, nil, false
 	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(g.bodyRead)) // ignored without a connection (tests)
 	body, aerr = readBody(r, g.maxBody)
 	if aerr != nil {
+		// The deadline stays: net/http drains up to 256 KiB of an unread
+		// body after the handler, and must not wait on a silent client.
 		g.refuse(w, t, aerr)
 		return nil, nil, nil, false
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return t, pool, body, true
 }
 

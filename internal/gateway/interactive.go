@@ -128,9 +128,19 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	if q.Tokens.Known() || q.Requests.Known() {
 		m.Throttle.Observe(now, c.permit, q)
 	}
+	if isAuthRefusal(resp.StatusCode) {
+		// The provider refused the pool's key: the tenant gets the
+		// gateway's own error, never the provider's body (which may quote
+		// the key); full refund.
+		c.settle(settleRefund, limiter.Usage{})
+		g.countRequest(t, metrics.OutcomeUpstreamError)
+		g.refuse(w, t, upstreamAuthError())
+		return
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		// The provider refused or failed the call: full refund (BC-22), the
-		// status and body are passed through, with a 5xx's Retry-After
+		// status and body (its first maxErrorBody bytes, the provider key
+		// redacted) are passed through, with a 5xx's Retry-After
 		// normalised to whole seconds (upstreamRetryAfter). The call is
 		// not retried: the client decides (brief "data plane contract":
 		// only batch jobs retry).
@@ -139,7 +149,8 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		if ra, ok := upstreamRetryAfter(resp.StatusCode, q); ok {
 			w.Header().Set("Retry-After", ra)
 		}
-		g.writeUpstream(w, t, resp, nil)
+		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		g.writeUpstreamBody(w, t, resp, redactKey(eb, g.key))
 		return
 	}
 	if req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -211,6 +222,16 @@ func (g *Gateway) writeUpstream(w http.ResponseWriter, t *registry.Tenant, resp 
 		}
 	}
 	_, _ = io.Copy(w, resp.Body)
+}
+
+// writeUpstreamBody writes a provider response like writeUpstream with body
+// as its whole body (the rest of resp.Body is not read).
+func (g *Gateway) writeUpstreamBody(w http.ResponseWriter, t *registry.Tenant, resp *http.Response, body []byte) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	setQuotaHeaders(h, tenantQuotaDims(t, t.Limiter.Snapshot(g.clock.Now()))...)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
 }
 
 // proxyStream forwards a server-sent-events stream event by event, flushing

@@ -48,16 +48,33 @@ type request struct {
 	body        []byte
 }
 
+// codeBodyTimeout refuses a request whose body was not received within the
+// gateway's body read timeout (408).
+const codeBodyTimeout = "body_timeout"
+
 // readBody reads at most limit bytes of the request body: 413
-// body_too_large beyond it.
+// body_too_large beyond it. A body whose Content-Length already exceeds
+// limit is refused before any of it is read; a chunked or unannounced body
+// is read up to limit+1 bytes and no further (net/http then closes the
+// connection instead of draining the rest). A body that breaks off is 400
+// invalid_request; one not received before the read deadline is 408
+// body_timeout.
 func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	tooLarge := &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeBodyTooLarge,
+		message: fmt.Sprintf("The request body exceeds %d bytes.", limit)}
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
+		if isTimeout(err) {
+			return nil, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest, code: codeBodyTimeout,
+				message: "The request body was not received in time."}
+		}
 		return nil, badRequest(codeInvalidRequest, "Reading the request body failed.")
 	}
 	if int64(len(b)) > limit {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalidRequest, code: codeBodyTooLarge,
-			message: fmt.Sprintf("The request body exceeds %d bytes.", limit)}
+		return nil, tooLarge
 	}
 	return b, nil
 }
@@ -200,35 +217,84 @@ func decodeField(fields map[string]json.RawMessage, name string, v any) error {
 	return json.Unmarshal(raw, v)
 }
 
-// chatPromptTokens estimates the prompt tokens of a chat request's messages.
+// chatPromptTokens estimates the prompt tokens of a chat request's messages
+// with tokencount's recipe (tokencount.Chat). The array is decoded one
+// message at a time, so that memory stays bounded by the largest message
+// rather than growing with the number of messages (an 8 MiB body of empty
+// messages is 2.7 million of them).
 func chatPromptTokens(raw json.RawMessage) (int64, error) {
-	var msgs []tokencount.Message
 	if len(raw) == 0 {
 		return 0, errors.New("the request needs \"messages\"")
 	}
-	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return 0, errors.New("\"messages\" must be an array of message objects")
+	errShape := errors.New("\"messages\" must be an array of message objects")
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		if tok == nil && err == nil { // null
+			return 0, errors.New("the request needs \"messages\"")
+		}
+		return 0, errShape
 	}
-	if len(msgs) == 0 {
+	total, count := int64(tokencount.ReplyPrimingTokens), 0
+	for dec.More() {
+		var m tokencount.Message
+		if err := dec.Decode(&m); err != nil {
+			return 0, errShape
+		}
+		text, err := tokencount.ContentText(m.Content)
+		if err == nil {
+			var n int64
+			if n, err = tokencount.Text(text); err == nil {
+				total += n + tokencount.MessageOverheadTokens
+				if m.Name != "" {
+					total += tokencount.NameOverheadTokens
+				}
+			}
+		}
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].content: %w", count, err)
+		}
+		count++
+	}
+	if count == 0 {
 		return 0, errors.New("\"messages\" must be a non-empty array of message objects")
 	}
-	return tokencount.Chat(msgs)
+	return total, nil
 }
 
 // inputTokens estimates the tokens of a completions "prompt" or embeddings
 // "input": a string, an array of strings, an array of token ids, or an array
-// of arrays of token ids.
+// of arrays of token ids. The shape is read from the first bytes and the
+// value decoded once in that shape (decoding it in every shape in turn
+// allocated several times the body for long arrays).
 func inputTokens(raw json.RawMessage) (int64, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return 0, nil
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	errShape := errors.New("the prompt or input must be a string, an array of strings or an array of token ids")
+	switch raw[0] {
+	case '"':
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return 0, errShape
+		}
 		return tokencount.Text(s)
+	case '[':
+	default:
+		return 0, errShape
 	}
-	var ss []string
-	if json.Unmarshal(raw, &ss) == nil {
+	first := bytes.TrimLeft(raw[1:], " \t\r\n")
+	if len(first) == 0 {
+		return 0, errShape
+	}
+	switch first[0] {
+	case ']':
+		return 0, nil
+	case '"':
+		var ss []string
+		if json.Unmarshal(raw, &ss) != nil {
+			return 0, errShape
+		}
 		var total int64
 		for _, s := range ss {
 			n, err := tokencount.Text(s)
@@ -238,20 +304,23 @@ func inputTokens(raw json.RawMessage) (int64, error) {
 			total += n
 		}
 		return total, nil
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		return int64(len(ids)), nil
-	}
-	var idss [][]int64
-	if json.Unmarshal(raw, &idss) == nil {
+	case '[':
+		var idss [][]int64
+		if json.Unmarshal(raw, &idss) != nil {
+			return 0, errShape
+		}
 		var total int64
 		for _, ids := range idss {
 			total += int64(len(ids))
 		}
 		return total, nil
+	default:
+		var ids []int64
+		if json.Unmarshal(raw, &ids) != nil {
+			return 0, errShape
+		}
+		return int64(len(ids)), nil
 	}
-	return 0, errors.New("the prompt or input must be a string, an array of strings or an array of token ids")
 }
 
 // upstreamBody returns the body to send upstream. For a stream whose client

@@ -362,7 +362,9 @@ func (s *server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: listening on %s: %w", s.name, s.addr, err)
 	}
-	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	// Header, idle and header-size limits: docs/operations.md "Client
+	// timeouts and limits".
+	srv := gateway.NewServer(s.handler, gateway.ServerOptions{})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runDone := make(chan error, 1)
