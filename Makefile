@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-faults test-e2e test-restart test-ha test-quiet ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-faults test-e2e test-restart test-ha test-quiet test-security test-chaos test-load ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -104,6 +104,18 @@ test-ha: tools ## Two scheduler replicas on the real control plane: one Lease ho
 .PHONY: test-faults
 test-faults: ## Upstream faults from the simulator (5xx, reset, hang, malformed, cut stream, no usage, bare 429) through the real gateway: client answer, refund, slots, retries (a few seconds).
 	$(GO) test -race -count=1 ./test/faults/...
+
+.PHONY: test-security
+test-security: tools ## The scheduler's ServiceAccount verbs (SubjectAccessReview), pod security of the rendered Deployments, tenant isolation and a provider/tenant key leak scan of every response, log, status, event and metric (about 1.5 min).
+	$(GO) test -count=1 -timeout 10m -v ./test/security/...
+
+.PHONY: test-chaos
+test-chaos: tools ## kill -9 of the scheduler with streams in flight and of the operator; the scheduler cut off the API server for 60 s (about 5 min).
+	$(GO) test -count=1 -timeout 20m -v ./test/chaos/...
+
+.PHONY: test-load
+test-load: ## Load: 10k tenants, open loop 200 req/s for 30 s (heap flat, p50/p99 recorded); 1M queued jobs within the documented size (about 4 min).
+	$(GO) test -count=1 -timeout 20m -v ./test/load/...
 
 .PHONY: test-quiet
 test-quiet: tools ## API writes of a converged pool with 3 tenants, the operator and a scheduler during one quiet minute: leases only (about 2 min).
