@@ -167,6 +167,20 @@ func (e *clientEnv) counter(c *prometheus.CounterVec, labels ...string) int64 {
 	return int64(testutil.ToFloat64(c.WithLabelValues(labels...)))
 }
 
+// waitOutcomes waits until n requests of tenant have their outcome counted
+// in requests_total: a handler counts the outcome after it settles the
+// call, so a test that waited for the settlement may look too early.
+func (e *clientEnv) waitOutcomes(t *testing.T, tenant string, n int64) {
+	t.Helper()
+	waitFor(t, "the outcomes counted", func() bool {
+		var sum int64
+		for _, o := range []string{metrics.OutcomeOK, metrics.OutcomeClientGone, metrics.OutcomeUpstreamError} {
+			sum += e.counter(e.gw.metrics.Requests, tenant, o)
+		}
+		return sum >= n
+	})
+}
+
 const chatPrompt = `[{"role":"user","content":"Tell me a long story about a fox."}]`
 
 func chatStreamBody(maxTokens int64) string {
@@ -255,6 +269,7 @@ func TestClientDisconnectMidStream(t *testing.T) {
 	if left := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).TokensRemaining; left != burst-used {
 		t.Fatalf("bucket %d, want %d - %d", left, burst, used)
 	}
+	e.waitOutcomes(t, "a", 1)
 	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 1 {
 		t.Fatalf("client_gone counted %d", got)
 	}
@@ -307,6 +322,7 @@ func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 	if left := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).TokensRemaining; left != burst {
 		t.Fatalf("bucket %d, want %d", left, burst)
 	}
+	e.waitOutcomes(t, "a", 2)
 	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 2 {
 		t.Fatalf("client_gone counted %d, want 2", got)
 	}
@@ -398,6 +414,7 @@ func TestClientStalledReaderIsCutOff(t *testing.T) {
 	if prompt := promptEstimate(t); used <= prompt || used >= prompt+4*frames || (used-prompt)%4 != 0 {
 		t.Fatalf("used %d, want prompt %d + 4 x (frames forwarded < %d)", used, prompt, frames)
 	}
+	e.waitOutcomes(t, "a", 1)
 	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 1 {
 		t.Fatalf("client_gone counted %d", got)
 	}

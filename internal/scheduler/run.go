@@ -1,9 +1,17 @@
 // Package scheduler wires the data plane of one ProviderPool: settings and
 // flags, a controller-runtime manager scoped to the pool's namespace as the
-// lifecycle host (informers, leader election, health probes), the sync
-// reconcilers feeding the registry, the gateway HTTP server and dispatcher
-// and the status writer (both leader-only Runnables), and the metrics
+// lifecycle host (informers, health probes), the sync reconcilers feeding
+// the registry, the leader election (election.go), the gateway HTTP server
+// and dispatcher and the status writer (both leader-only), and the metrics
 // server on an injected Prometheus registry.
+//
+// With settings leaderElection (ProviderPool spec.scheduler.replicas > 1)
+// the replicas elect a leader on the Lease settings leaseName with
+// client-go's leader election, run as a Runnable in place of the manager's
+// own: the leader-only components start when the Lease is first acquired,
+// and keep serving on the last known policy when the Lease cannot be
+// renewed (API server outage, issue 7); the process stops only when the API
+// server shows another replica holding the Lease (see election).
 //
 // The durable job store (settings jobStorePath, or --job-store) is opened
 // by the leader-only gateway Runnable, after the election is won and before
@@ -11,10 +19,11 @@
 // replica never holds the store's file lock, so it can take over when the
 // leader goes away.
 //
-// Readiness (/readyz) is true only on the leader once the job store is open,
-// the pool and its tenants are loaded and the stored jobs are queued again:
-// the queues and buckets live in memory, so replicas run active/passive
-// (style 2.5). /healthz is always served.
+// Readiness (/readyz) is true only on a replica that has been elected, once
+// the job store is open, the pool and its tenants are loaded and the stored
+// jobs are queued again: the queues and buckets live in memory, so replicas
+// run active/passive (style 2.5). A leader that loses its Lease renewal
+// stays ready while it serves. /healthz is always served.
 package scheduler
 
 import (
@@ -62,14 +71,14 @@ const shutdownTimeout = 10 * time.Second
 // store's file lock (jobs.OpenBolt's lockTimeout): 60 s. The previous leader
 // may still hold it for a while after the new one is elected: on a clean
 // stop it releases its Lease only after its leader-only Runnables returned
-// and the store was closed (LeaderElectionReleaseOnCancel), but when it
-// stopped renewing (partition, stall) the Lease expires LeaseDuration (15 s)
-// after its last renewal while the old process notices the loss after
-// RenewDeadline (10 s) and then stops its Runnables within the manager's
-// GracefulShutdownTimeout (30 s): the lock is free at most 10 + 30 - 15 =
-// 25 s after the new leader is elected. 60 s is that bound with a margin;
-// beyond it the Runnable fails, the process exits and its pod is restarted
-// (controller-runtime defaults; the settings do not change them).
+// and the store was closed (election, ReleaseOnCancel); when it stalled (no
+// renewal, as after a SIGSTOP) the Lease expires LeaseDuration (15 s) after
+// its last renewal, and once it runs again it reads the new holder within a
+// RetryPeriod (2 s) and stops its Runnables within the manager's
+// GracefulShutdownTimeout (30 s). A leader cut from the API server keeps
+// serving, and the store, until it reaches the API server again (election's
+// trade-off): beyond StoreLockTimeout the new leader's Runnable fails, its
+// process exits and its pod is restarted, then tries again.
 const StoreLockTimeout = 60 * time.Second
 
 // Flags are the command-line flags of the scheduler binary.
@@ -171,20 +180,36 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 	}
 	skipNameValidation := true
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Logger:                        log,
-		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{s.Namespace: {}}},
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        health,
-		LeaderElection:                s.LeaderElection,
-		LeaderElectionID:              s.LeaseName,
-		LeaderElectionNamespace:       s.Namespace,
-		LeaderElectionReleaseOnCancel: true,
+		Scheme:                 scheme,
+		Logger:                 log,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{s.Namespace: {}}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: health,
+		// The manager's own election is off: it makes the process exit when
+		// the Lease cannot be renewed; the election Runnable below keeps
+		// serving instead (election.go).
+		LeaderElection: false,
 		// Several schedulers may run in one process (tests).
 		Controller: ctrlconfig.Controller{SkipNameValidation: &skipNameValidation},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
+	}
+	// leaderOnly wraps a leader-only Runnable: started once the Lease is
+	// first acquired, or at once without leader election (one replica).
+	leaderOnly := func(r manager.Runnable) manager.Runnable { return r }
+	elected := make(chan struct{})
+	close(elected)
+	if s.LeaderElection {
+		e, err := newElection(cfg, mgr, s.Namespace, s.LeaseName, defaultTiming, log)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(e); err != nil {
+			return err
+		}
+		leaderOnly, elected = e.gate, e.elected
+		log = log.WithValues("identity", e.Identity())
 	}
 
 	clk := clock.RealClock{}
@@ -199,7 +224,7 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 	gw := &leaderGateway{storePath: s.JobStorePath, lockTimeout: StoreLockTimeout, addr: s.HTTPAddr, log: log,
 		opts: gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey,
 			UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")}}
-	if err := mgr.Add(gw); err != nil {
+	if err := mgr.Add(leaderOnly(gw)); err != nil {
 		return err
 	}
 	if s.MetricsAddr != "" && s.MetricsAddr != "0" {
@@ -209,17 +234,16 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 			return err
 		}
 	}
-	if err := mgr.Add(&kube.StatusWriter{Client: mgr.GetClient(), Registry: reg, State: state, Namespace: s.Namespace,
+	if err := mgr.Add(leaderOnly(&kube.StatusWriter{Client: mgr.GetClient(), Registry: reg, State: state, Namespace: s.Namespace,
 		PoolName: s.PoolName, Interval: time.Duration(s.StatusIntervalSeconds) * time.Second, Clock: clk,
 		Recorder: mgr.GetEventRecorderFor(v1alpha1.FieldManagerScheduler),
-		Log:      log.WithName("status")}); err != nil {
+		Log:      log.WithName("status")})); err != nil {
 		return err
 	}
 	if health != "0" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 			return err
 		}
-		elected := mgr.Elected()
 		if err := mgr.AddReadyzCheck("leader-and-loaded", func(*http.Request) error {
 			select {
 			case <-elected:
@@ -265,7 +289,8 @@ type leaderGateway struct {
 
 var _ manager.LeaderElectionRunnable = (*leaderGateway)(nil)
 
-// NeedLeaderElection: only the leader opens the store and serves.
+// NeedLeaderElection: only the leader opens the store and serves (the
+// election gates it: election.gate; without leader election it runs at once).
 func (l *leaderGateway) NeedLeaderElection() bool { return true }
 
 // Start implements manager.Runnable.

@@ -44,8 +44,8 @@ const (
 	simLatency = time.Second
 	// killAfterSucceeded is how many jobs the simulator must have answered before the kill.
 	killAfterSucceeded = 40
-	// leaseDuration and retryPeriod are controller-runtime's leader election defaults
-	// (manager.Options LeaseDuration 15 s, RetryPeriod 2 s), which the scheduler keeps.
+	// leaseDuration and retryPeriod are the scheduler's election durations
+	// (scheduler.LeaseDuration 15 s, RetryPeriod 2 s; controller-runtime's defaults).
 	leaseDuration = 15 * time.Second
 	retryPeriod   = 2 * time.Second
 	// jitterFactor is client-go's leader election JitterFactor: a candidate retries
