@@ -479,7 +479,7 @@ type ModelQuotaStatus struct {
 
 // TierUsageStatus is one tier's usage over the pool's usage window
 // (spec.usageMonitoring.windowSeconds). Its field names are short because
-// the pool's status lists up to 16 tiers and stays under 4 KB (issue 6).
+// the pool's status lists up to 16 tiers and stays under 4 KB.
 type TierUsageStatus struct {
 	// tier is the tier's name (spec.tier of its TenantQuotas; "" for the
 	// tenants that set none).
@@ -546,7 +546,7 @@ type ProviderPoolStatus struct {
 
 	// models is the provider's quota per model, for at most 8 models (so
 	// that the status stays under 4 KB with the 64 models spec.models
-	// allows, issue 6): the paused models first, then the others, each
+	// allows): the paused models first, then the others, each
 	// group by name. The metrics cover every model.
 	// +optional
 	// +listType=map

@@ -284,7 +284,7 @@ type BudgetStatus struct {
 // TenantUsageStatus is the tenant's consumption over the pool's usage
 // window (spec.usageMonitoring.windowSeconds). It holds the tenant's own
 // figures only, so that an idle tenant's status does not change with its
-// peers' traffic (issue 6); its tier's median is in the ProviderPool's
+// peers' traffic; its tier's median is in the ProviderPool's
 // status.usageTiers.
 type TenantUsageStatus struct {
 	// windowSeconds is the span the figures cover, in seconds.

@@ -312,7 +312,7 @@ func (g *Gateway) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !j.StartedAt.IsZero() {
-		// The queue wait of a started job (issue 4 "Per-job queue wait").
+		// The queue wait of a started job (docs/api.md "Batch jobs").
 		w.Header().Set("X-Queue-Wait-Ms", strconv.FormatInt(j.QueueWait.Milliseconds(), 10))
 	}
 	writeJSON(w, http.StatusOK, viewOf(j))

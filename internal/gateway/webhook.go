@@ -22,8 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 )
 
-// Completion webhook delivery (issue 4 "optional completion webhook with
-// retries"; docs/api.md "Batch jobs").
+// Completion webhook delivery, with retries (docs/api.md "Batch jobs").
 const (
 	// webhookMaxAttempts bounds delivery attempts per job.
 	webhookMaxAttempts = 5

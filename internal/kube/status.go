@@ -29,23 +29,23 @@ import (
 
 // DefaultForceRefresh is how often the pool's status is rewritten when
 // nothing in it changed, so that its lastReportTime shows the scheduler is
-// alive: 5 minutes. TenantQuota statuses have no such heartbeat (issue 6).
+// alive: 5 minutes. TenantQuota statuses have no such heartbeat.
 const DefaultForceRefresh = 5 * time.Minute
 
 // DefaultMaxWritesPerSecond is the status write budget of one scheduler when
-// StatusWriter.MaxWritesPerSecond is unset: 5 writes per second (issue 6).
+// StatusWriter.MaxWritesPerSecond is unset: 5 writes per second.
 const DefaultMaxWritesPerSecond = 5.0
 
 // maxShownModels is the most models the ProviderPool's status.models
 // lists (paused models first, then the others, each group by name; the
 // rest are counted in status.modelsNotShown, the metrics cover all), so
 // that the pool's status stays under 4 KB with the 64 models spec.models
-// allows (issue 6; see TestPoolStatusUnder4KBWith64Models).
+// allows (see TestPoolStatusUnder4KBWith64Models).
 const maxShownModels = 8
 
 // maxMessageBytes caps the message of a condition the scheduler writes (an
 // invalid spec's error text can be long), so that a status stays under
-// 4 KB (issue 6; see TestStatusSize).
+// 4 KB (see TestStatusSize).
 const maxMessageBytes = 256
 
 // State is what the sync reconcilers tell the status writer beyond the
@@ -71,7 +71,7 @@ func (s *State) pool() (int64, error) {
 // StatusWriter writes the scheduler-owned status of the pool and its
 // tenants with server-side apply on the status subresource under field
 // manager fairshare-scheduler, sending only the fields it owns. Its load
-// on the API server is bounded independently of the tenant count (issue 6):
+// on the API server is bounded independently of the tenant count:
 //
 //   - An object is dirty when its payload (ignoring lastReportTime) differs
 //     from the one last written, or, on first sight, from the one the API
@@ -229,7 +229,7 @@ const finalWriteConcurrency = 8
 // finalWriteTimeout on Clock and on the wall clock in which the pool and
 // every object whose status.budget.used changed are written first without
 // the MaxWritesPerSecond pacing, finalWriteConcurrency at a time: a one-off
-// burst of one write per budget-dirty object (issue 6 accepts it at
+// burst of one write per budget-dirty object (accepted at
 // shutdown). Other dirty objects are then written paced until the bound;
 // the rest are lost (their figures are rebuilt by the next scheduler).
 func (w *StatusWriter) final(ctx context.Context) {
@@ -435,7 +435,7 @@ func budgetStatus(b *registry.BudgetStatus) *v1alpha1.BudgetStatus {
 // read) on first sight. uid is the object's UID in the registry (""
 // unknown): when it differs from the one the state was built for, or from
 // the UID read from the API server, the object was deleted and created
-// again under the same name, and its state is built afresh (issue 6).
+// again under the same name, and its state is built afresh.
 func (w *StatusWriter) object(ctx context.Context, kind, name, uid string) *objState {
 	key := kind + "/" + name
 	o := w.objs[key]

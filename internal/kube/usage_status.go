@@ -13,12 +13,12 @@ import (
 // withinTierMessage is the message of a UsageOutlier condition that is
 // False (reason WithinTier). It is constant: a tenant's status depends on
 // its own figures only, so that an idle tenant is not rewritten when its
-// peers' traffic moves its tier's median (issue 6). The figures are in
+// peers' traffic moves its tier's median. The figures are in
 // status.usage; the tier's median in the ProviderPool's status.usageTiers.
 const withinTierMessage = "Usage is within the tier: neither cost above the tier's median nor limit violations in the window."
 
 // maxUsageTiers is the most tiers the ProviderPool's status.usageTiers lists
-// (the first by name), so that the pool's status stays under 4 KB (issue 6).
+// (the first by name), so that the pool's status stays under 4 KB.
 const maxUsageTiers = 16
 
 // usageStatus returns a served tenant's status.usage and its UsageOutlier
@@ -27,7 +27,7 @@ const maxUsageTiers = 16
 // LimitViolations while the tenant is flagged (a warning: the writer emits
 // a Warning event when it turns True), False with WithinTier otherwise.
 // Both depend on the tenant's own figures only, except the message of a
-// True condition, which cites the tier's median (issue 6). The condition's
+// True condition, which cites the tier's median. The condition's
 // LastTransitionTime is left to the writer. The figures are four integers,
 // well within the status size budget.
 func usageStatus(t registry.TenantSnapshot) (*v1alpha1.TenantUsageStatus, metav1.Condition) {

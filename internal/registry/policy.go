@@ -184,8 +184,7 @@ type TenantPolicy struct {
 	Generation int64
 	// UID of the TenantQuota object (metadata.uid; "" when unknown). A
 	// TenantQuota deleted and created again under the same name has a new
-	// UID: the status writer then forgets what it wrote to the old object
-	// (issue 6).
+	// UID: the status writer then forgets what it wrote to the old object.
 	UID string
 	// Limits of the tenant limiter (weighted tokens, provider tokens,
 	// requests, concurrency, KV blocks).

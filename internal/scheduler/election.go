@@ -57,7 +57,7 @@ var defaultTiming = timing{lease: LeaseDuration, renew: RenewDeadline, retry: Re
 // cannot be renewed (the manager's lost-lease handler is not configurable in
 // controller-runtime v0.22): with it, an API server outage of more than
 // RenewDeadline stopped the gateway, and no standby could take over while
-// the API server was down. Issue 7 requires the data path to keep serving on
+// the API server was down. The data path must keep serving on
 // the last known policy when the API server stops (fail-open for
 // availability, limits still enforced).
 //

@@ -10,7 +10,7 @@
 // client-go's leader election, run as a Runnable in place of the manager's
 // own: the leader-only components start when the Lease is first acquired,
 // and keep serving on the last known policy when the Lease cannot be
-// renewed (API server outage, issue 7); the process stops only when the API
+// renewed (API server outage); the process stops only when the API
 // server shows another replica holding the Lease (see election).
 //
 // The durable job store (settings jobStorePath, or --job-store) is opened
