@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,7 +30,8 @@ func TestMain(m *testing.M) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		panic(err)
 	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+	flag.Parse()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" || fuzzing() {
 		os.Exit(m.Run())
 	}
 	env := &envtest.Environment{
@@ -46,6 +48,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "stopping envtest:", err)
 	}
 	os.Exit(code)
+}
+
+// fuzzing reports whether the binary runs a fuzz target (as the
+// coordinator, -test.fuzz, or as one of its workers, -test.fuzzworker):
+// the fuzz targets need no API server, and every worker process would
+// otherwise start its own etcd and kube-apiserver.
+func fuzzing() bool {
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		return true
+	}
+	f := flag.Lookup("test.fuzzworker")
+	return f != nil && f.Value.String() == "true"
 }
 
 // newClient returns a direct (uncached) client, skipping the test without
