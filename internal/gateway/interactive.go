@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
@@ -157,7 +158,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		g.proxyStream(w, r, resp, c, injected)
 		return
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, g.maxResp+1))
+	b, err := readResponseBody(resp.Body, resp.ContentLength, g.maxResp)
 	if err != nil {
 		// The body broke off: the provider did process the call, keep the charge.
 		c.settle(settleUsage, limiter.Usage{})
@@ -167,23 +168,89 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	var u limiter.Usage
 	if int64(len(b)) <= g.maxResp {
-		if !json.Valid(b) {
+		// One pass validates the body and reads its usage
+		// (scanResponseJSON: json.Valid and parseBodyUsage in one).
+		var valid bool
+		if u, valid = scanResponseJSON(b); !valid {
 			// A 200 whose body is not JSON (RFC 9110 section 15.6.3: an
 			// invalid response from the inbound server is a 502). The
 			// provider did process the call and its usage is unknown: the
 			// charge stands (BC-28a).
 			c.settle(settleUsage, limiter.Usage{})
+			putRespBuf(b)
 			g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamInvalidResponse,
 				message: "The provider's response was not valid JSON."})
 			return
 		}
-		u = parseBodyUsage(b)
 	}
 	// Settle before the body is written, so a client that sends its next
 	// request after reading this response sees the refund (BC-24).
 	c.settle(settleUsage, u)
 	g.countRequest(t, metrics.OutcomeOK)
 	g.writeUpstream(w, t, resp, b)
+	putRespBuf(b)
+}
+
+// readResponseBody reads a non-streaming response body as
+// io.ReadAll(io.LimitReader(body, limit+1)) does: at most limit+1 bytes
+// (limit: the gateway's MaxResponseBytes; more means the body is passed
+// through without reading its usage), until EOF or the first error, which
+// is returned with the bytes read. When the provider announced a
+// contentLength (bytes, -1 when unknown) within limit, the buffer is
+// allocated once at that size plus one byte for the final EOF read, instead
+// of regrowing (brief "performance targets": usage extraction CPU).
+func readResponseBody(body io.Reader, contentLength, limit int64) ([]byte, error) {
+	size := 512
+	if contentLength >= 0 && contentLength <= limit {
+		size = int(contentLength) + 1
+	}
+	b := getRespBuf(size)
+	r := io.LimitReader(body, limit+1)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow as append does
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
+}
+
+// maxPooledRespBuf bounds the capacity (bytes) of the response buffers
+// kept for reuse: larger bodies are rare and are left to the garbage
+// collector, so the pool never pins more than a few MiB per buffer.
+const maxPooledRespBuf = 4 << 20
+
+// respBufPool holds *[]byte buffers of non-streaming response bodies
+// (readResponseBody), returned by putRespBuf once the body is written.
+var respBufPool sync.Pool
+
+// getRespBuf returns an empty buffer with room for at least size bytes: a
+// pooled one when it is large enough, else a new one.
+func getRespBuf(size int) []byte {
+	if size <= maxPooledRespBuf {
+		if p, _ := respBufPool.Get().(*[]byte); p != nil {
+			if cap(*p) >= size {
+				return (*p)[:0]
+			}
+			respBufPool.Put(p)
+		}
+	}
+	return make([]byte, 0, size)
+}
+
+// putRespBuf gives b back for reuse; b must not be used afterwards.
+func putRespBuf(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledRespBuf {
+		return
+	}
+	b = b[:0]
+	respBufPool.Put(&b)
 }
 
 // providerRefusedTooLarge records a provider refusal of a call as larger
@@ -291,8 +358,14 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		if forward && clientOK {
 			if _, err := w.Write(event); err != nil {
 				clientOK = false
-			} else if err := rc.Flush(); err != nil {
-				clientOK = false
+			} else if !completeEventBuffered(br) {
+				// Flushed unless the next event is already buffered in
+				// full: it is written at once, and flushed with it (a
+				// reverse proxy flushes per read in the same way), so
+				// no frame waits on the provider unflushed.
+				if err := rc.Flush(); err != nil {
+					clientOK = false
+				}
 			}
 		}
 		event = event[:0]
@@ -319,6 +392,13 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	}
 	if clientOK {
 		emit()
+	}
+	if clientOK {
+		// A frame whose flush was left to the next event (emit) is sent
+		// now, before the stream is settled and counted.
+		if err := rc.Flush(); err != nil {
+			clientOK = false
+		}
 	}
 	c.settle(settleUsage, usage()) // no-op when settled at [DONE]
 	outcome := metrics.OutcomeOK
@@ -357,8 +437,8 @@ func deltaTokens(event []byte) int64 {
 		return 0
 	}
 	var n int64
-	for _, line := range bytes.Split(event, []byte("\n")) {
-		data, found := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+	for line := range bytes.Lines(event) {
+		data, found := bytes.CutPrefix(trimEOL(line), []byte("data:"))
 		if !found {
 			continue
 		}
@@ -371,23 +451,45 @@ func deltaTokens(event []byte) int64 {
 			continue
 		}
 		for _, c := range ch.Choices {
-			pieces := []string{c.Text, c.Delta.Content, c.Delta.Refusal, c.Delta.ReasoningContent}
+			n += pieceTokens(c.Text) + pieceTokens(c.Delta.Content) + pieceTokens(c.Delta.Refusal) + pieceTokens(c.Delta.ReasoningContent)
 			for _, tc := range c.Delta.ToolCalls {
-				pieces = append(pieces, tc.Function.Arguments)
-			}
-			for _, p := range pieces {
-				if p == "" {
-					continue
-				}
-				if k, err := tokencount.Text(p); err == nil {
-					n += k
-				} else {
-					n += int64(len(p)) // unreachable with a loaded encoding; a byte per token bounds it
-				}
+				n += pieceTokens(tc.Function.Arguments)
 			}
 		}
 	}
 	return n
+}
+
+// pieceTokens counts the tokens of one piece of generated text with the
+// gateway's tokenizer (cl100k_base; deltaTokens); "" counts 0.
+func pieceTokens(p string) int64 {
+	if p == "" {
+		return 0
+	}
+	if k, err := tokencount.Text(p); err == nil {
+		return k
+	}
+	return int64(len(p)) // unreachable with a loaded encoding; a byte per token bounds it
+}
+
+// trimEOL removes a line's trailing "\n" and every "\r" before it (the
+// line as splitting the event on "\n" and trimming "\r" gives it; SSE
+// lines end in "\n" or "\r\n").
+func trimEOL(line []byte) []byte {
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	return bytes.TrimRight(line, "\r")
+}
+
+// completeEventBuffered reports whether br already holds a complete next
+// SSE event (a blank line ends it), which proxyStream can read without
+// waiting on the provider. It only looks at the buffered bytes.
+func completeEventBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	buf, _ := br.Peek(n)
+	return bytes.Contains(buf, []byte("\n\n")) || bytes.Contains(buf, []byte("\n\r\n"))
 }
 
 // streamChunk is the part of an OpenAI streaming chunk that carries
@@ -410,8 +512,11 @@ type streamChunk struct {
 
 // isDoneEvent reports whether an SSE event is the closing "data: [DONE]".
 func isDoneEvent(event []byte) bool {
-	for _, line := range bytes.Split(event, []byte("\n")) {
-		data, found := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+	if !bytes.Contains(event, []byte("[DONE]")) {
+		return false
+	}
+	for line := range bytes.Lines(event) {
+		data, found := bytes.CutPrefix(trimEOL(line), []byte("data:"))
 		if found && bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
 			return true
 		}
@@ -430,9 +535,8 @@ func eventUsage(event []byte) (u limiter.Usage, usageOnly, ok bool) {
 	if !bytes.Contains(event, []byte(`"usage"`)) {
 		return u, false, false
 	}
-	for _, line := range bytes.Split(event, []byte("\n")) {
-		line = bytes.TrimRight(line, "\r")
-		data, found := bytes.CutPrefix(line, []byte("data:"))
+	for line := range bytes.Lines(event) {
+		data, found := bytes.CutPrefix(trimEOL(line), []byte("data:"))
 		if !found {
 			continue
 		}
