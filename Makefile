@@ -59,7 +59,7 @@ build: ## Build the three binaries into ./bin.
 ##@ Test
 
 .PHONY: test
-test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-faults test-e2e test-restart test-ha test-quiet test-security test-chaos test-load ## Everything CI runs (installs what it needs).
+test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises test-goodput test-faults test-e2e test-restart test-ha test-quiet test-security test-chaos test-load test-httpbench ## Everything CI runs (installs what it needs).
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
@@ -117,6 +117,10 @@ test-chaos: tools ## kill -9 of the scheduler with streams in flight and of the 
 test-load: ## Load: 10k tenants, open loop 200 req/s for 30 s (heap flat, p50/p99 recorded); 1M queued jobs within the documented size (about 4 min).
 	$(GO) test -count=1 -timeout 20m -v ./test/load/...
 
+.PHONY: test-httpbench
+test-httpbench: ## The HTTP benchmark harness (test/httpbench) on loopback: its statistics, process figures and a quick run of every experiment.
+	$(GO) test -count=1 -timeout 5m ./test/httpbench/...
+
 .PHONY: test-quiet
 test-quiet: tools ## API writes of a converged pool with 3 tenants, the operator and a scheduler during one quiet minute: leases only (about 2 min).
 	$(GO) test -count=1 -timeout 5m -v ./test/quiet/...
@@ -132,10 +136,40 @@ demo: tools ## Start a local control plane, the operator, a scheduler and the si
 	$(GO) run ./test/demo
 
 .PHONY: bench
-bench: tools ## Run the Go benchmarks, the status writer's with 10k TenantQuotas on the local API server (benchstat-compatible output in docs/benchmarks.raw.txt).
+bench: tools ## Every benchmark, raw output in docs/benchmarks.raw.txt (benchstat format), then the summary table in docs/benchmarks.md against the targets (about 30 min on 2 vCPUs before the HTTP step).
+	@echo "==> [1/5] micro-benchmarks (count 3, about 13 min) ..."
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 $$($(GO) list ./internal/... | grep -v /internal/kube) | tee docs/benchmarks.raw.txt
+	@echo "==> [2/5] status writer, 10k TenantQuotas on the local API server (about 4 min) ..."
 	$(GO) test -run '^$$' -bench StatusWriter -benchtime 20x -count 1 -timeout 20m ./internal/kube/ | tee -a docs/benchmarks.raw.txt
+	@echo "==> [3/5] throttle goodput against the provider simulator (about 11 min) ..."
 	$(GO) test -run '^$$' -bench Goodput -benchtime 1x -count 1 -timeout 30m ./test/goodput/ | tee -a docs/benchmarks.raw.txt
+	@echo "==> [4/5] HTTP data plane against httputil.ReverseProxy ..."
+	$(GO) run ./test/httpbench/cmd/httpbench -out docs/benchmarks.raw.txt
+	@echo "==> [5/5] summary against the targets into docs/benchmarks.md ..."
+	$(GO) run ./hack/benchsummary -raw docs/benchmarks.raw.txt -doc docs/benchmarks.md
+
+# Packages with Go benchmarks, profiled one per `go test` invocation by bench-profile (the HTTP
+# benchmarks have their own step).
+BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' internal test | grep -v '^test/httpbench/' | xargs -n1 dirname | sort -u)
+
+.PHONY: bench-profile
+bench-profile: tools ## CPU and allocation profiles (pprof) of every benchmark package and of the HTTP benchmarks into bench-profiles/ (count 1).
+	@mkdir -p bench-profiles && rm -f bench-profiles/httpbench.txt
+	@set -e; n=$(words $(BENCH_PKGS) x); i=0; \
+	for d in $(BENCH_PKGS); do \
+	  i=$$((i+1)); name=$$(echo $$d | tr / _); bt=1s; to=20m; \
+	  case $$d in internal/kube) bt=20x;; test/goodput) bt=1x; to=30m;; esac; \
+	  echo "==> [$$i/$$n] $$d (count 1, benchtime $$bt) ..."; \
+	  $(GO) test -run '^$$' -bench . -benchmem -count 1 -benchtime $$bt -timeout $$to \
+	    -cpuprofile $(ROOT)/bench-profiles/$$name.cpu.pprof -memprofile $(ROOT)/bench-profiles/$$name.mem.pprof \
+	    -o $(ROOT)/bench-profiles/$$name.test ./$$d | tee bench-profiles/$$name.txt; \
+	done; \
+	echo "==> [$$n/$$n] HTTP data plane ..."
+	$(GO) run ./test/httpbench/cmd/httpbench -out bench-profiles/httpbench.txt -profile-dir bench-profiles
+	@echo; echo "Profiles in bench-profiles/: <package>.cpu.pprof, <package>.mem.pprof, the test binary <package>.test and the output <package>.txt of each package; the HTTP peers' profiles and httpbench.txt. Open one with:"
+	@echo "  go tool pprof -top bench-profiles/internal_limiter.cpu.pprof"
+	@echo "  go tool pprof -top -sample_index=alloc_space bench-profiles/internal_limiter.mem.pprof"
+	@echo "  go tool pprof -http=127.0.0.1:8080 bench-profiles/internal_fairqueue.test bench-profiles/internal_fairqueue.cpu.pprof"
 
 $(CONTROLLER_GEN):
 	hack/bin-tools.sh controller-gen
