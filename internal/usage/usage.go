@@ -85,17 +85,23 @@ type bucket struct {
 	Counts
 }
 
-// Ring is one tenant's counts in 1-minute buckets over a window. Record is
-// O(1) and allocates nothing. Safe for concurrent use.
+// Ring is one tenant's counts in 1-minute buckets over a window. Its
+// buckets (48 bytes each: 2,880 bytes for the default hour) are allocated by
+// the first Record, so a tenant that never sends a request costs only the
+// Ring header; after that Record is O(1) and allocates nothing. Safe for
+// concurrent use.
 type Ring struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// n is the number of buckets, fixed at NewRing; buckets is nil until the
+	// first Record, then has length n.
+	n       int
 	buckets []bucket
 }
 
 // NewRing returns an empty ring over window (rounded up to whole minutes,
-// at least one, at most MaxWindow).
+// at least one, at most MaxWindow). It allocates no bucket yet.
 func NewRing(window time.Duration) *Ring {
-	return &Ring{buckets: make([]bucket, windowBuckets(window))}
+	return &Ring{n: windowBuckets(window)}
 }
 
 func windowBuckets(window time.Duration) int {
@@ -114,8 +120,13 @@ func minuteOf(now time.Time) int64 {
 	return m
 }
 
+// slot returns the bucket of minute, allocating the buckets on first use
+// and clearing a bucket left from an earlier pass of the ring.
 func (r *Ring) slot(minute int64) *bucket {
-	n := int64(len(r.buckets))
+	if r.buckets == nil {
+		r.buckets = make([]bucket, r.n)
+	}
+	n := int64(r.n)
 	b := &r.buckets[((minute%n)+n)%n]
 	if b.minute != minute {
 		*b = bucket{minute: minute}
@@ -140,7 +151,7 @@ func (r *Ring) Window(now time.Time) Counts {
 	m := minuteOf(now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := int64(len(r.buckets))
+	n := int64(r.n)
 	var out Counts
 	for i := range r.buckets {
 		b := &r.buckets[i]
@@ -155,7 +166,7 @@ func (r *Ring) Window(now time.Time) Counts {
 func (r *Ring) Span() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return time.Duration(len(r.buckets)) * BucketWidth
+	return time.Duration(r.n) * BucketWidth
 }
 
 // Resized returns a ring over window holding r's buckets that fall in the
@@ -163,7 +174,7 @@ func (r *Ring) Span() time.Duration {
 func (r *Ring) Resized(now time.Time, window time.Duration) *Ring {
 	out := NewRing(window)
 	m := minuteOf(now)
-	n := int64(len(out.buckets))
+	n := int64(out.n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := range r.buckets {

@@ -209,3 +209,38 @@ func BenchmarkRingRecord(b *testing.B) {
 		r.Record(t0.Add(time.Duration(i)*time.Second), c)
 	}
 }
+
+// TestRingAllocatesBucketsOnFirstRecord: a ring that never recorded holds
+// no buckets (a registry of idle tenants costs only the Ring headers), reads
+// as empty, keeps its span, and resizes without allocating; the first
+// Record allocates the window's 60 buckets, after which Record allocates
+// nothing.
+func TestRingAllocatesBucketsOnFirstRecord(t *testing.T) {
+	r := NewRing(time.Hour)
+	if r.buckets != nil {
+		t.Fatalf("new ring has %d buckets, want none", len(r.buckets))
+	}
+	if got := r.Window(t0); got != (Counts{}) {
+		t.Errorf("Window of an empty ring = %+v, want zero", got)
+	}
+	if got := r.Span(); got != time.Hour {
+		t.Errorf("Span = %v, want 1h", got)
+	}
+	if rs := r.Resized(t0, 2*time.Hour); rs.buckets != nil || rs.Span() != 2*time.Hour {
+		t.Errorf("Resized empty ring: %d buckets, span %v; want none, 2h", len(rs.buckets), rs.Span())
+	}
+	if r.buckets != nil {
+		t.Fatal("reads allocated buckets")
+	}
+	c := Counts{WeightedTokens: 7, Admitted: 1}
+	r.Record(t0, c)
+	if len(r.buckets) != 60 {
+		t.Fatalf("after Record: %d buckets, want 60", len(r.buckets))
+	}
+	if got := r.Window(t0); got != c {
+		t.Errorf("Window = %+v, want %+v", got, c)
+	}
+	if n := testing.AllocsPerRun(100, func() { r.Record(t0.Add(time.Minute), c) }); n != 0 {
+		t.Errorf("Record allocates %v times once the buckets exist", n)
+	}
+}
