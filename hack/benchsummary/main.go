@@ -286,6 +286,10 @@ func evaluate(ts []Target, s *Results) []Row {
 		case DiffMax:
 			r.Ratio = r.Figure - r.Peer
 			pass = r.Ratio <= t.Threshold
+		case Report: // with a peer, the ratio is shown for reference
+			if t.PeerBench != "" && r.Peer > 0 {
+				r.Ratio = r.Figure / r.Peer
+			}
 		case Max:
 			pass = r.Figure <= t.Threshold
 		case Min:

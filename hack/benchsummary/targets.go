@@ -156,6 +156,22 @@ func buildTargets() []Target {
 	add(Target{Area: "HTTP memory", What: "idle RSS MB, 1 tenant, vs reverse proxy",
 		Bench: "BenchmarkHTTPMemory/peer=gateway/tenants=1", Unit: "rss-idle-MB",
 		PeerBench: "BenchmarkHTTPMemory/peer=proxy", PeerUnit: "rss-idle-MB", Cmp: RatioMax, Threshold: 2})
+	mem := "BenchmarkHTTPMemory/peer="
+	add(Target{Area: "HTTP memory", What: "idle anonymous RSS MB (heap, stacks), 1 tenant, vs reverse proxy",
+		Bench: mem + "gateway/tenants=1", Unit: "rss-anon-idle-MB", PeerBench: mem + "proxy", PeerUnit: "rss-anon-idle-MB",
+		Cmp: Report, Source: "reported, no target"})
+	add(Target{Area: "HTTP memory", What: "idle RSS MB, 10000 tenants, vs reverse proxy",
+		Bench: mem + "gateway/tenants=10000", Unit: "rss-idle-MB", PeerBench: mem + "proxy", PeerUnit: "rss-idle-MB",
+		Cmp: Report, Source: "reported, no target"})
+	add(Target{Area: "HTTP memory", What: "RSS MB at steady load, 10000 tenants, vs reverse proxy",
+		Bench: mem + "gateway/tenants=10000", Unit: "rss-steady-MB", PeerBench: mem + "proxy", PeerUnit: "rss-steady-MB",
+		Cmp: Report, Source: "reported, no target"})
+	for _, ten := range []string{"1", "10000"} {
+		add(Target{Area: "HTTP CPU", What: "CPU µs per small request at concurrency 1, " + ten + " tenants, vs reverse proxy",
+			Bench: "BenchmarkHTTPAddedLatency/upstream=instant/peer=gateway/tenants=" + ten, Unit: "cpu-us/req",
+			PeerBench: "BenchmarkHTTPAddedLatency/upstream=instant/peer=proxy", PeerUnit: "cpu-us/req",
+			Cmp: Report, Source: "reported, no target"})
+	}
 	add(Target{Area: "HTTP upstream", What: "loopback upstream alone, req/s at p99 5 ms (the ceiling of the rows above)",
 		Bench: "BenchmarkHTTPUpstreamCeiling/upstream=instant", Unit: "rps-p99-5ms", Cmp: Report, Source: "reported, no target"})
 	return t

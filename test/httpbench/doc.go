@@ -1,7 +1,7 @@
 // Package httpbench benchmarks the Fairshare gateway over HTTP next to the
 // peers a user would otherwise run, in one run on one machine, and reports
-// ratios (brief "Performance targets"; method: /work/shared bench-method
-// rules 1-6, summarised here).
+// ratios (brief "Performance targets"; the rules of the benchmark method,
+// open loop, interleaved peers, CPU per request, are summarised here).
 //
 // # Processes
 //
@@ -36,7 +36,9 @@
 //     (clock ticks of 1/100 s, so 10,000 µs each) read before and after each
 //     of its load phases, summed over rounds, divided by its requests. The
 //     load generator's own CPU is not counted.
-//   - RSS: VmRSS of /proc/PID/status, in MB of 2^20 bytes.
+//   - RSS: VmRSS of /proc/PID/status, in MB of 2^20 bytes; at idle also
+//     RssAnon (heap, stacks: what grows with tenants and load), the rest
+//     being pages of the binary (code, read-only data) the process touched.
 //   - Frontier: a ladder of rates, every peer at each rate in turn; a peer's
 //     figure for a bound is the highest rate whose p99 stayed under the bound
 //     with no error (0 if none); a peer leaves the ladder once it errs or its

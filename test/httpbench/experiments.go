@@ -524,9 +524,12 @@ func (r *runner) memory(ctx context.Context) error {
 		return err
 	}
 	time.Sleep(r.Scale.MemSettle) // after the first request of topology
-	idle := make([]float64, len(ts))
+	idle, idleAnon := make([]float64, len(ts)), make([]float64, len(ts))
 	for i, t := range ts {
 		if idle[i], err = t.Proc.RSSMB(); err != nil {
+			return err
+		}
+		if idleAnon[i], err = t.Proc.AnonMB(); err != nil {
 			return err
 		}
 	}
@@ -567,7 +570,7 @@ func (r *runner) memory(ctx context.Context) error {
 		if s.Errors > 0 {
 			r.logf("peer=%s first error: %s", t.Peer, s.FirstErr)
 		}
-		if err := r.Out.Add(r.exp+"/peer="+t.Peer, s.N, Unit{"rss-idle-MB", round1(idle[i])},
+		if err := r.Out.Add(r.exp+"/peer="+t.Peer, s.N, Unit{"rss-idle-MB", round1(idle[i])}, Unit{"rss-anon-idle-MB", round1(idleAnon[i])},
 			Unit{"rss-steady-MB", round1(peak)}, Unit{"rss-after-MB", round1(after)}, Unit{"errors", float64(s.Errors)}); err != nil {
 			return err
 		}

@@ -86,7 +86,7 @@ func expected() map[string]struct {
 		m["HTTPUsage1MB/peer="+p] = row{u, 0}
 	}
 	for _, p := range []string{"proxy", "gateway/tenants=1", "gateway/tenants=10000"} {
-		m["HTTPMemory/peer="+p] = row{[]string{"rss-idle-MB", "rss-steady-MB", "rss-after-MB", "errors"}, 0}
+		m["HTTPMemory/peer="+p] = row{[]string{"rss-idle-MB", "rss-anon-idle-MB", "rss-steady-MB", "rss-after-MB", "errors"}, 0}
 	}
 	return m
 }

@@ -19,7 +19,7 @@ import (
 )
 
 // RequestTimeout bounds one request of a fixed-rate load; a request that
-// takes longer counts as an error (bench-method rule 6).
+// takes longer counts as an error (a timed-out request is a failure, not noise).
 const RequestTimeout = time.Second
 
 // ZipfS is the exponent of the Zipf distribution of tenants (s = 1.1, v = 1)

@@ -156,30 +156,40 @@ func (p *Proc) Alive() bool {
 }
 
 // RSSMB returns the process's resident set (VmRSS of /proc/PID/status), in
-// MB of 2^20 bytes.
+// MB of 2^20 bytes: anonymous memory (heap, stacks) plus the pages of the
+// binary and of other files it has touched.
 func (p *Proc) RSSMB() (float64, error) { return rssMB(p.Pid()) }
+
+// AnonMB returns the anonymous part of the resident set (RssAnon of
+// /proc/PID/status: heap, stacks, runtime structures), in MB of 2^20 bytes;
+// VmRSS minus it is file-backed (the binary's code and read-only data).
+func (p *Proc) AnonMB() (float64, error) { return statusMB(p.Pid(), "RssAnon:") }
 
 // CPUMicros returns the process's CPU time so far (utime + stime of
 // /proc/PID/stat), in µs, with the resolution of a clock tick (10,000 µs).
 func (p *Proc) CPUMicros() (int64, error) { return cpuMicros(p.Pid()) }
 
 // rssMB returns VmRSS of process pid, in MB of 2^20 bytes.
-func rssMB(pid int) (float64, error) {
+func rssMB(pid int) (float64, error) { return statusMB(pid, "VmRSS:") }
+
+// statusMB returns the field of /proc/PID/status named by key (with its
+// colon, a figure in kB), in MB of 2^20 bytes.
+func statusMB(pid int, key string) (float64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for l := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(l, key); ok {
 			f := strings.Fields(v) // "12345 kB"
 			if len(f) != 2 || f[1] != "kB" {
-				return 0, fmt.Errorf("VmRSS: unexpected %q", l)
+				return 0, fmt.Errorf("%s unexpected %q", key, l)
 			}
 			kb, err := strconv.ParseFloat(f[0], 64)
 			return kb / 1024, err
 		}
 	}
-	return 0, errors.New("VmRSS: not found")
+	return 0, fmt.Errorf("%s not found", key)
 }
 
 // cpuMicros returns utime + stime of process pid, in µs.
