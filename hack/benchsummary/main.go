@@ -236,10 +236,13 @@ const (
 	Fail
 	NotRun
 	Reported
+	// NoPeerFigure: a throughput target whose peer met no rate of the ladder (0): there is
+	// nothing to compare with, which is neither a pass nor a fail.
+	NoPeerFigure
 )
 
 func (o Outcome) String() string {
-	return [...]string{"pass", "**fail**", "not run", "reported"}[o]
+	return [...]string{"pass", "**fail**", "not run", "reported", "no peer figure"}[o]
 }
 
 // Row is one evaluated target.
@@ -307,6 +310,8 @@ func evaluate(ts []Target, s *Results) []Row {
 			r.Outcome = NotRun
 		case t.Cmp == Report:
 			r.Outcome = Reported
+		case t.Cmp == RatioMin && r.Peer <= 0:
+			r.Outcome = NoPeerFigure
 		case pass:
 			r.Outcome = Pass
 		default:
@@ -405,7 +410,7 @@ func comparisonText(r Row) string {
 		return "—"
 	}
 	switch r.Cmp {
-	case RatioMax, RatioMin:
+	case RatioMax, RatioMin, Report:
 		return fmt.Sprintf("%.2fx", r.Ratio)
 	case SpeedupMin:
 		return fmt.Sprintf("%.2fx faster", r.Ratio)

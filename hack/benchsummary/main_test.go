@@ -160,8 +160,8 @@ func TestEvaluate(t *testing.T) {
 		{25, 10.5, 25 / 10.5, Fail},
 		{110, 100, 1.1, Pass},
 		{800, math.NaN(), math.NaN(), Reported},
-		{0, 0, math.NaN(), Pass},
-		{200, 0, math.NaN(), Pass},
+		{0, 0, math.NaN(), NoPeerFigure}, // the proxy met no rate either: nothing to compare
+		{200, 0, math.NaN(), NoPeerFigure},
 		{300, 400, 0.75, Fail},
 		{-7, -5, math.NaN(), Pass},
 		{3, 0, math.NaN(), Fail},
@@ -201,10 +201,10 @@ func TestRender(t *testing.T) {
 		"| HTTP latency | added p50 µs, upstream instant, 1 tenants, vs reverse proxy | 24 p50-added-us | 20 p50-added-us | 1.20x | ≤ 1.25x peer | pass | brief: Performance targets |",
 		"| HTTP streaming | SSE frame gap p99 µs, 512 streams, minus reverse proxy's | 450 gap-p99-us | 400 gap-p99-us | +50.0 gap-p99-us | ≤ peer + 50 gap-p99-us | pass | brief: Performance targets |",
 		"| HTTP streaming | SSE stalls, 512 stream(s) | 1 stalls | — | — | ≤ 0 stalls | **fail** | brief: Performance targets |",
-		"| HTTP throughput | req/s at p99-5ms, upstream instant, 10000 tenants, vs reverse proxy | 0 rps-p99-5ms | 0 rps-p99-5ms | — | ≥ 0.85x peer | pass | brief: Performance targets |",
+		"| HTTP throughput | req/s at p99-5ms, upstream instant, 10000 tenants, vs reverse proxy | 0 rps-p99-5ms | 0 rps-p99-5ms | — | ≥ 0.85x peer | no peer figure | brief: Performance targets |",
 		"| HTTP throughput | req/s at p99-50ms, upstream instant, 10000 tenants, vs reverse proxy | 300 rps-p99-50ms | 400 rps-p99-50ms | 0.75x | ≥ 0.85x peer | **fail** | brief: Performance targets |",
 		"| HTTP memory | idle RSS MB, 1 tenant, vs reverse proxy | 25 rss-idle-MB | 10.50 rss-idle-MB | 2.38x | ≤ 2x peer | **fail** | brief: Performance targets |",
-		fmt.Sprintf("\n%d pass, %d fail, %d not run.\n", 8, 6, len(targets)-15), // 8 + 6 + one reported row (CPU per small request, 1 tenant)
+		fmt.Sprintf("\n%d pass, %d fail, %d not run.\n", 6, 6, len(targets)-15), // 6 pass + 6 fail + 2 without a peer figure + one reported row (CPU per small request, 1 tenant)
 	} {
 		if !strings.Contains(got, line) {
 			t.Errorf("rendered section lacks %q\n%s", line, got)
