@@ -10,11 +10,13 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // The benchmarks below compare one call through the gateway (identification,
@@ -154,6 +156,47 @@ func BenchmarkProxy(b *testing.B) {
 	benchCompare(b, benchJSON(resp), benchChatBody, len(resp))
 }
 
+// BenchmarkProxyParallel is BenchmarkProxy with GOMAXPROCS client loops
+// at once (b.RunParallel), against 10,000 tenants picked in turn, so that
+// contention on the gateway's shared state (registry lock, metric vectors,
+// the model's throttle) shows; run it with -cpu 2 or more.
+func BenchmarkProxyParallel(b *testing.B) {
+	resp := []byte(`{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}`)
+	up := benchUpstream(b, benchJSON(resp))
+	const tenants = 10000
+	pols := make([]registry.TenantPolicy, tenants)
+	for i := range pols {
+		pols[i] = tenant(fmt.Sprintf("t%d", i), limiter.Limits{})
+	}
+	e := newEnv(b, up, pols)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	b.Cleanup(client.CloseIdleConnections)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := next.Add(1) % tenants
+			req, _ := http.NewRequest("POST", e.srv.URL+"/v1/chat/completions", strings.NewReader(benchChatBody))
+			req.Header.Set("Authorization", fmt.Sprintf("Bearer key-t%d", i))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
 // BenchmarkUsage1MB compares a non-streaming call whose response is a
 // 1 MiB JSON body: the gateway validates it and reads its usage before
 // writing it (BC-24, BC-28a), the proxy only copies it.
@@ -217,5 +260,39 @@ func BenchmarkBodyUsage(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkStreamEvent compares the per-frame work of reading an SSE
+// event's usage and generated text, on a content chunk and on OpenAI's
+// final usage chunk: encoding/json (two decodes of the chunk) with the
+// delta's tokens counted at once (the former per-frame path) against
+// scanEvent, which keeps the text for a count when the stream ends without
+// usage (streamText).
+func BenchmarkStreamEvent(b *testing.B) {
+	for _, ev := range []struct{ name, event string }{
+		{"content", "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"m\",\"system_fingerprint\":\"fp_1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token17\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"},
+		{"usage", "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":64,\"total_tokens\":84}}\n\n"},
+	} {
+		event := []byte(ev.event)
+		b.Run(ev.name+"/json+tokenize", func(b *testing.B) {
+			b.ReportAllocs()
+			var n int64
+			for range b.N {
+				refEventUsage(event)
+				if t := refDeltaText(event); t != "" {
+					k, _ := tokencount.Text(t)
+					n += k
+				}
+			}
+		})
+		b.Run(ev.name+"/scan", func(b *testing.B) {
+			b.ReportAllocs()
+			var text []byte
+			for range b.N {
+				scanEvent(event, &text)
+				text = text[:0]
+			}
+		})
 	}
 }

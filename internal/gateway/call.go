@@ -3,7 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -104,7 +103,7 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		// A shadow reservation charges nothing (DryRun).
 		g.dryRunRejection(t, string(dr.Reason))
 	} else {
-		g.metrics.ChargedTokens.WithLabelValues(t.ID).Add(float64(cost.Weighted))
+		g.metrics.Tenant(t).Charged().Add(float64(cost.Weighted))
 	}
 	if !g.tryAcquire() {
 		g.refunded(t, res.Cancel(now))
@@ -127,7 +126,7 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		return nil, upstreamQuotaError(wait)
 	}
 	cl.permit = permit
-	g.metrics.Admitted.WithLabelValues(t.ID, class).Inc()
+	g.metrics.Tenant(t).Admitted(class).Inc()
 	return cl, nil
 }
 
@@ -148,10 +147,10 @@ func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {
 		return
 	}
 	if s.RefundedWeighted > 0 {
-		g.metrics.RefundedTokens.WithLabelValues(t.ID).Add(float64(s.RefundedWeighted))
+		g.metrics.Tenant(t).Refunded().Add(float64(s.RefundedWeighted))
 	}
 	if s.UsedWeighted > 0 {
-		g.metrics.UsedTokens.WithLabelValues(t.ID).Add(float64(s.UsedWeighted))
+		g.metrics.Tenant(t).Used().Add(float64(s.UsedWeighted))
 	}
 }
 
@@ -236,7 +235,7 @@ func parseBodyUsage(b []byte) limiter.Usage {
 // counted in upstream_headers_malformed_total; the model's token limit is
 // noted for the too-large check (BC-10).
 func (g *Gateway) readQuota(now time.Time, m *registry.Model, resp *http.Response) throttle.Quota {
-	g.metrics.UpstreamResponses.WithLabelValues(m.Name, strconv.Itoa(resp.StatusCode)).Inc()
+	g.metrics.UpstreamResponse(m.Name, resp.StatusCode).Inc()
 	q := m.Throttle.ParseHeaders(resp.Header, now)
 	if q.Malformed > 0 {
 		g.metrics.UpstreamHeadersMalformed.WithLabelValues(m.Name).Add(float64(q.Malformed))

@@ -333,12 +333,26 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 			g.reg.WithQueue(func(*fairqueue.Queue) { d.unholdLocked(fj.Tenant) })
 		}
 	}()
+	// requeue puts the job back at the head of its tenant's queue, unless
+	// the tenant was removed while the job was out of the queue: the
+	// removal's scan (tenantRemoved) could not see it then, so it is failed
+	// here. The check runs under the queue lock, which the scan also takes,
+	// so every job is either seen by the scan or failed here.
 	requeue := func() {
 		held = false
+		gone := false
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
-			q.Requeue(fj)
 			d.unholdLocked(fj.Tenant)
+			if g.reg.Tenant(fj.Tenant) == nil {
+				gone = true
+				return
+			}
+			q.Requeue(fj)
 		})
+		if gone {
+			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
+				Message: "The tenant's TenantQuota was removed; the job was not sent."})
+		}
 	}
 	// BC-37: the deadline is re-checked at dispatch; a late job is not sent.
 	if !now.Before(fj.Deadline) {

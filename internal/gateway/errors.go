@@ -190,7 +190,17 @@ func setQuotaHeaders(h http.Header, dims ...quotaDim) {
 	if len(dims) == 0 {
 		return
 	}
-	var rl, pol []byte
+	// All values are appended to one buffer and cut from one string, and
+	// the fields are stored under their canonical keys (what h.Set would
+	// do, with one allocation instead of one per field).
+	type xField struct {
+		key        string
+		start, end int
+	}
+	xs := make([]xField, 0, 6)
+	buf := make([]byte, 0, 256)
+	var polBuf, rlBuf [160]byte
+	pol, rl := polBuf[:0], rlBuf[:0]
 	for i, d := range dims {
 		name := d.policyName()
 		dup := false
@@ -204,10 +214,12 @@ func setQuotaHeaders(h http.Header, dims ...quotaDim) {
 			continue
 		}
 		reset := ceilSeconds(d.reset)
-		if suffix := xRateLimitSuffix(d.unit); suffix != "" {
-			h.Set("X-RateLimit-Limit-"+suffix, strconv.FormatInt(max(d.limit, 0), 10))
-			h.Set("X-RateLimit-Remaining-"+suffix, strconv.FormatInt(max(d.remaining, 0), 10))
-			h.Set("X-RateLimit-Reset-"+suffix, strconv.FormatInt(reset, 10))
+		if keys := xRateLimitKeys(d.unit); keys[0] != "" {
+			for k, v := range [3]int64{max(d.limit, 0), max(d.remaining, 0), reset} {
+				start := len(buf)
+				buf = strconv.AppendInt(buf, v, 10)
+				xs = append(xs, xField{keys[k], start, len(buf)})
+			}
 		}
 		if len(rl) > 0 {
 			rl = append(rl, ", "...)
@@ -231,8 +243,39 @@ func setQuotaHeaders(h http.Header, dims ...quotaDim) {
 			rl = strconv.AppendInt(rl, sfInteger(reset), 10)
 		}
 	}
-	h.Set("RateLimit-Policy", string(pol))
-	h.Set("RateLimit", string(rl))
+	polStart := len(buf)
+	buf = append(buf, pol...)
+	rlStart := len(buf)
+	buf = append(buf, rl...)
+	all := string(buf)
+	nx := len(xs)
+	vals := make([]string, nx+2)
+	for i, f := range xs {
+		// In dimension order, so that a later dimension of the same unit
+		// wins as with h.Set.
+		vals[i] = all[f.start:f.end]
+		h[f.key] = vals[i : i+1 : i+1]
+	}
+	vals[nx], vals[nx+1] = all[polStart:rlStart], all[rlStart:]
+	h["Ratelimit-Policy"] = vals[nx : nx+1 : nx+1]
+	h["Ratelimit"] = vals[nx+1 : nx+2 : nx+2]
+}
+
+// xRateLimitKeys returns the canonical keys (http.CanonicalHeaderKey) of
+// the X-RateLimit-Limit-, -Remaining- and -Reset- fields of a unit, or
+// empty keys when OpenAI has none (xRateLimitSuffix).
+func xRateLimitKeys(unit string) [3]string {
+	switch unit {
+	case unitTokens:
+		return [3]string{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"}
+	case unitRequests:
+		return [3]string{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"}
+	}
+	if suffix := xRateLimitSuffix(unit); suffix != "" {
+		return [3]string{http.CanonicalHeaderKey("X-RateLimit-Limit-" + suffix),
+			http.CanonicalHeaderKey("X-RateLimit-Remaining-" + suffix), http.CanonicalHeaderKey("X-RateLimit-Reset-" + suffix)}
+	}
+	return [3]string{}
 }
 
 // xRateLimitSuffix is the suffix of OpenAI's X-RateLimit-* fields for a

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/throttle"
-	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 func (g *Gateway) interactive(endpoint string) http.HandlerFunc {
@@ -187,7 +185,13 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	// request after reading this response sees the refund (BC-24).
 	c.settle(settleUsage, u)
 	g.countRequest(t, metrics.OutcomeOK)
-	g.writeUpstream(w, t, resp, b)
+	if int64(len(b)) <= g.maxResp {
+		// The whole body was read (readResponseBody stopped at EOF): it is
+		// written as is, without a copy loop and its 32 KiB buffer.
+		g.writeUpstreamBody(w, t, resp, b)
+	} else {
+		g.writeUpstream(w, t, resp, b)
+	}
 	putRespBuf(b)
 }
 
@@ -288,8 +292,15 @@ func (g *Gateway) writeUpstream(w http.ResponseWriter, t *registry.Tenant, resp 
 			return
 		}
 	}
-	_, _ = io.Copy(w, resp.Body)
+	buf := copyBufPool.Get().(*[]byte)
+	_, _ = io.CopyBuffer(w, resp.Body, *buf)
+	copyBufPool.Put(buf)
 }
+
+// copyBufPool holds the 32 KiB buffers (*[]byte) of writeUpstream's copy of
+// a body larger than the gateway's MaxResponseBytes (io.Copy would allocate
+// one per call: the stallWriter hides the connection's ReadFrom).
+var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // writeUpstreamBody writes a provider response like writeUpstream with body
 // as its whole body (the rest of resp.Body is not read).
@@ -313,7 +324,10 @@ func (g *Gateway) writeUpstreamBody(w http.ResponseWriter, t *registry.Tenant, r
 // not ask for it. A stream that ends without usage, or a client that
 // goes away (which ends the upstream call), is settled from the prompt
 // charged plus the output tokens counted from the deltas forwarded
-// (deltaTokens; BC-23, BC-28a), so what was not generated is refunded.
+// (streamText: their text joined, tokenized only when the stream ends
+// without usage; BC-23, BC-28a), so what was not generated is refunded.
+// Each event is read by scanEvent (one strict pass, encoding/json for
+// anything unusual).
 func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected bool) {
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
@@ -322,10 +336,13 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 
-	br := bufio.NewReaderSize(resp.Body, 32<<10)
-	var event []byte
-	var last limiter.Usage // the latest usage seen (Known false: none)
-	var generated int64    // output tokens counted from the deltas forwarded
+	st := getStreamState(resp.Body)
+	defer putStreamState(st)
+	br := st.br
+	event := st.event[:0]
+	defer func() { st.event = event }() // kept for reuse, grown or not
+	var last limiter.Usage              // the latest usage seen (Known false: none)
+	text := &st.text                    // output text of the deltas forwarded, counted when needed
 	// usage is what the stream is settled from: the provider's last usage,
 	// else the prompt charged and the output counted from the deltas the
 	// client was sent (BC-23: a disconnect after 400 of 1000 tokens is
@@ -335,7 +352,7 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		if last.Known {
 			return last
 		}
-		return limiter.Usage{PromptTokens: c.res.Cost().PromptTokens, OutputTokens: generated, Known: true}
+		return limiter.Usage{PromptTokens: c.res.Cost().PromptTokens, OutputTokens: text.count(), Known: true}
 	}
 	clientOK := true
 	var readErr error // the provider's stream broke off (not a clean EOF)
@@ -344,16 +361,28 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 			return
 		}
 		forward := true
-		if u, usageOnly, ok := eventUsage(event); ok {
-			last = u
-			forward = !(injected && usageOnly)
-			if !usageOnly {
-				generated += deltaTokens(event)
+		// Once a usage was seen the stream is settled from the last one:
+		// the text of later deltas is not kept.
+		var tp *[]byte
+		if !last.Known {
+			tp = &text.buf
+		}
+		mark := len(text.buf)
+		info := scanEvent(event, tp)
+		if info.usage.Known {
+			last = info.usage
+			forward = !(injected && info.usageOnly)
+			if info.usageOnly {
+				text.buf = text.buf[:mark]
 			}
 		} else if isDoneEvent(event) {
+			text.buf = text.buf[:mark]
 			c.settle(settleUsage, usage())
+		}
+		if last.Known {
+			text.buf = text.buf[:0]
 		} else {
-			generated += deltaTokens(event)
+			text.add()
 		}
 		if forward && clientOK {
 			if _, err := w.Write(event); err != nil {
@@ -422,62 +451,22 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 // tenant was removed while it ran (ForgetTenant deleted its series).
 func (g *Gateway) countRequest(t *registry.Tenant, outcome string) {
 	if !t.Removed() {
-		g.metrics.Requests.WithLabelValues(t.ID, outcome).Inc()
+		g.metrics.Tenant(t).Requests(outcome).Inc()
 	}
-}
-
-// deltaTokens counts the output tokens of one SSE event: the tokens of the
-// text its choices carry (chat delta content, refusal, reasoning content and
-// tool-call arguments; completions text), each piece tokenized on its own
-// with the gateway's tokenizer (cl100k_base), so the sum never falls below
-// the tokens of the joined text by more than a token per piece. Events that
-// are not JSON chunks count 0.
-func deltaTokens(event []byte) int64 {
-	if !bytes.Contains(event, []byte(`"choices"`)) {
-		return 0
-	}
-	var n int64
-	for line := range bytes.Lines(event) {
-		data, found := bytes.CutPrefix(trimEOL(line), []byte("data:"))
-		if !found {
-			continue
-		}
-		data = bytes.TrimSpace(data)
-		if len(data) == 0 || data[0] != '{' {
-			continue
-		}
-		var ch streamChunk
-		if json.Unmarshal(data, &ch) != nil {
-			continue
-		}
-		for _, c := range ch.Choices {
-			n += pieceTokens(c.Text) + pieceTokens(c.Delta.Content) + pieceTokens(c.Delta.Refusal) + pieceTokens(c.Delta.ReasoningContent)
-			for _, tc := range c.Delta.ToolCalls {
-				n += pieceTokens(tc.Function.Arguments)
-			}
-		}
-	}
-	return n
-}
-
-// pieceTokens counts the tokens of one piece of generated text with the
-// gateway's tokenizer (cl100k_base; deltaTokens); "" counts 0.
-func pieceTokens(p string) int64 {
-	if p == "" {
-		return 0
-	}
-	if k, err := tokencount.Text(p); err == nil {
-		return k
-	}
-	return int64(len(p)) // unreachable with a loaded encoding; a byte per token bounds it
 }
 
 // trimEOL removes a line's trailing "\n" and every "\r" before it (the
 // line as splitting the event on "\n" and trimming "\r" gives it; SSE
 // lines end in "\n" or "\r\n").
 func trimEOL(line []byte) []byte {
-	line = bytes.TrimSuffix(line, []byte("\n"))
-	return bytes.TrimRight(line, "\r")
+	n := len(line)
+	if n > 0 && line[n-1] == '\n' {
+		n--
+	}
+	for n > 0 && line[n-1] == '\r' {
+		n--
+	}
+	return line[:n]
 }
 
 // completeEventBuffered reports whether br already holds a complete next
@@ -524,34 +513,13 @@ func isDoneEvent(event []byte) bool {
 	return false
 }
 
+// isBlankLine reports whether line (as ReadSlice returns it) holds only
+// "\r" and "\n" bytes: the blank line that ends an SSE event.
 func isBlankLine(line []byte) bool {
-	return len(line) > 0 && len(bytes.TrimRight(line, "\r\n")) == 0
-}
-
-// eventUsage reads the usage of one SSE event: ok when a data line carries
-// a JSON object with a non-null usage; usageOnly when its choices are empty
-// (OpenAI's final usage chunk).
-func eventUsage(event []byte) (u limiter.Usage, usageOnly, ok bool) {
-	if !bytes.Contains(event, []byte(`"usage"`)) {
-		return u, false, false
+	for _, c := range line {
+		if c != '\r' && c != '\n' {
+			return false
+		}
 	}
-	for line := range bytes.Lines(event) {
-		data, found := bytes.CutPrefix(trimEOL(line), []byte("data:"))
-		if !found {
-			continue
-		}
-		data = bytes.TrimSpace(data)
-		if len(data) == 0 || data[0] != '{' {
-			continue
-		}
-		var ch struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *usageJSON        `json:"usage"`
-		}
-		if json.Unmarshal(data, &ch) != nil || ch.Usage == nil || ch.Usage.PromptTokens == nil {
-			continue
-		}
-		return ch.Usage.usage(), len(ch.Choices) == 0, true
-	}
-	return u, false, false
+	return len(line) > 0
 }

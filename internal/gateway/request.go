@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -65,7 +66,7 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	b, err := readAllLimit(r.Body, r.ContentLength, limit)
 	if err != nil {
 		if isTimeout(err) {
 			return nil, &apiError{status: http.StatusRequestTimeout, typ: typeInvalidRequest, code: codeBodyTimeout,
@@ -77,6 +78,33 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 		return nil, tooLarge
 	}
 	return b, nil
+}
+
+// readAllLimit reads body as io.ReadAll(io.LimitReader(body, limit+1))
+// does (at most limit+1 bytes, until EOF or the first error, returned with
+// the bytes read), into a buffer sized once from contentLength (bytes; -1
+// when unknown) when it is within limit, instead of regrowing from 512
+// bytes.
+func readAllLimit(body io.Reader, contentLength, limit int64) ([]byte, error) {
+	size := 512
+	if contentLength >= 0 && contentLength <= limit {
+		size = int(contentLength) + 1 // and the final EOF read
+	}
+	b := make([]byte, 0, size)
+	lr := io.LimitedReader{R: body, N: limit + 1}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow as append does
+		}
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }
 
 // parseRequest parses an OpenAI request body for endpoint and estimates its
@@ -209,35 +237,105 @@ func (req *request) explainDefault(e *apiError, pool *registry.PoolPolicy) *apiE
 }
 
 // decodeField decodes fields[name] into v when present and not null.
+// The common shapes of the fields parseRequest reads (a plain string into
+// *string, true or false into *bool, a plain integer into **int64) are
+// decoded without encoding/json; the result is the same (fields holds
+// values of a body encoding/json has validated), anything else is left to
+// json.Unmarshal.
 func decodeField(fields map[string]json.RawMessage, name string, v any) error {
 	raw, ok := fields[name]
 	if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil
 	}
+	switch p := v.(type) {
+	case *string:
+		if s, ok := plainJSONString(raw); ok {
+			*p = s
+			return nil
+		}
+	case *bool:
+		switch string(raw) {
+		case "true":
+			*p = true
+			return nil
+		case "false":
+			*p = false
+			return nil
+		}
+	case **int64:
+		if n, ok := plainJSONInt(raw); ok {
+			*p = &n
+			return nil
+		}
+	}
 	return json.Unmarshal(raw, v)
 }
 
+// plainJSONString returns the value of raw when it is a JSON string
+// without escapes, control characters or invalid UTF-8 (which
+// encoding/json would decode or replace), so that its value is its bytes.
+func plainJSONString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	ascii := true
+	for _, c := range in {
+		if c < 0x20 || c == '\\' || c == '"' {
+			return "", false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
+}
+
+// plainJSONInt returns the value of raw when it is a JSON integer of at
+// most 18 digits (an optional minus sign, digits only), which cannot
+// overflow an int64.
+func plainJSONInt(raw []byte) (int64, bool) {
+	digits := raw
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 18 {
+		return 0, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	return n, err == nil
+}
+
 // chatPromptTokens estimates the prompt tokens of a chat request's messages
-// with tokencount's recipe (tokencount.Chat). The array is decoded one
-// message at a time, so that memory stays bounded by the largest message
-// rather than growing with the number of messages (an 8 MiB body of empty
-// messages is 2.7 million of them).
+// with tokencount's recipe (tokencount.Chat). raw is a value of a body
+// encoding/json has validated (parseRequest); its array is walked one
+// element at a time (nextJSONValue) and each message decoded on its own, so
+// that memory stays bounded by the largest message rather than growing
+// with the number of messages (an 8 MiB body of empty messages is 2.7
+// million of them), without a json.Decoder's copy of the array.
 func chatPromptTokens(raw json.RawMessage) (int64, error) {
-	if len(raw) == 0 {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return 0, errors.New("the request needs \"messages\"")
 	}
 	errShape := errors.New("\"messages\" must be an array of message objects")
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
-		if tok == nil && err == nil { // null
-			return 0, errors.New("the request needs \"messages\"")
-		}
+	if raw[0] != '[' {
 		return 0, errShape
 	}
 	total, count := int64(tokencount.ReplyPrimingTokens), 0
-	for dec.More() {
+	i := skipJSONSpace(raw, 1)
+	for i < len(raw) && raw[i] != ']' {
+		end := nextJSONValue(raw, i)
 		var m tokencount.Message
-		if err := dec.Decode(&m); err != nil {
+		if err := json.Unmarshal(raw[i:end], &m); err != nil {
 			return 0, errShape
 		}
 		text, err := tokencount.ContentText(m.Content)
@@ -254,11 +352,51 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 			return 0, fmt.Errorf("messages[%d].content: %w", count, err)
 		}
 		count++
+		i = skipJSONSpace(raw, end)
+		if i < len(raw) && raw[i] == ',' {
+			i = skipJSONSpace(raw, i+1)
+		}
 	}
 	if count == 0 {
 		return 0, errors.New("\"messages\" must be a non-empty array of message objects")
 	}
 	return total, nil
+}
+
+// nextJSONValue returns the index just past the JSON value that starts at
+// b[i], for b already validated as JSON (it checks nothing): a string to
+// its closing quote, an object or array to its closing bracket (strings
+// inside skipped), a literal or number to the next delimiter.
+func nextJSONValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\r', '\n':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
 }
 
 // inputTokens estimates the tokens of a completions "prompt" or embeddings

@@ -13,6 +13,9 @@
 package metrics
 
 import (
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,6 +98,10 @@ type Metrics struct {
 	// UpstreamHeadersMalformed counts provider rate-limit header values
 	// ignored as malformed (throttle.Quota.Malformed), by model.
 	UpstreamHeadersMalformed *prometheus.CounterVec
+
+	// upstreamDuration (model to prometheus.Observer) and upstreamResponses
+	// (upstreamKey to prometheus.Counter) cache the per-model series.
+	upstreamDuration, upstreamResponses sync.Map
 }
 
 // New builds the metrics and registers them, with a scrape-time collector
@@ -183,13 +190,119 @@ func (m *Metrics) ForgetTenant(tenant string) {
 	}
 }
 
+// TenantSeries holds one tenant's counter series of a Metrics, each looked
+// up once (CounterVec.WithLabelValues hashes the labels and takes the
+// vector's lock on every call) and then kept with the tenant
+// (registry.Tenant.Attach), so that it is dropped with the tenant. Each
+// series is created on its first use, as WithLabelValues would create it:
+// the exposition is the same. Safe for concurrent use.
+type TenantSeries struct {
+	m  *Metrics
+	id string
+	// Series of the outcomes of interactive requests and of admission.
+	charged, refunded, used, requestsOK, admittedInteractive, admittedBatch atomic.Value // prometheus.Counter
+}
+
+// Tenant returns the series of tenant t, cached on t. A removed tenant
+// (ForgetTenant deleted its series) gets handles that are not cached when
+// first made after the removal; they count as WithLabelValues did.
+func (m *Metrics) Tenant(t *registry.Tenant) *TenantSeries {
+	if s, ok := t.Attached().(*TenantSeries); ok && s.m == m {
+		return s
+	}
+	s := &TenantSeries{m: m, id: t.ID}
+	if t.Removed() {
+		return s
+	}
+	if cur, ok := t.Attach(s).(*TenantSeries); ok && cur.m == m {
+		return cur
+	}
+	// Another Metrics attached first (several gateways on one registry,
+	// tests): this one's series are looked up per use.
+	return s
+}
+
+// counter returns the child of vec for the tenant (and label), made once.
+func (s *TenantSeries) counter(slot *atomic.Value, vec *prometheus.CounterVec, label string) prometheus.Counter {
+	if c, ok := slot.Load().(prometheus.Counter); ok {
+		return c
+	}
+	var c prometheus.Counter
+	if label == "" {
+		c = vec.WithLabelValues(s.id)
+	} else {
+		c = vec.WithLabelValues(s.id, label)
+	}
+	slot.Store(c)
+	return c
+}
+
+// Charged is the tenant's charged_weighted_tokens_total.
+func (s *TenantSeries) Charged() prometheus.Counter {
+	return s.counter(&s.charged, s.m.ChargedTokens, "")
+}
+
+// Refunded is the tenant's refunded_weighted_tokens_total.
+func (s *TenantSeries) Refunded() prometheus.Counter {
+	return s.counter(&s.refunded, s.m.RefundedTokens, "")
+}
+
+// Used is the tenant's used_weighted_tokens_total.
+func (s *TenantSeries) Used() prometheus.Counter {
+	return s.counter(&s.used, s.m.UsedTokens, "")
+}
+
+// Requests is the tenant's requests_total for outcome; OutcomeOK is cached,
+// other outcomes (refusals, errors) are looked up per call.
+func (s *TenantSeries) Requests(outcome string) prometheus.Counter {
+	if outcome == OutcomeOK {
+		return s.counter(&s.requestsOK, s.m.Requests, OutcomeOK)
+	}
+	return s.m.Requests.WithLabelValues(s.id, outcome)
+}
+
+// Admitted is the tenant's admitted_requests_total for class
+// (ClassInteractive or ClassBatch).
+func (s *TenantSeries) Admitted(class string) prometheus.Counter {
+	switch class {
+	case ClassInteractive:
+		return s.counter(&s.admittedInteractive, s.m.Admitted, ClassInteractive)
+	case ClassBatch:
+		return s.counter(&s.admittedBatch, s.m.Admitted, ClassBatch)
+	}
+	return s.m.Admitted.WithLabelValues(s.id, class)
+}
+
 // ObserveQueueWait records one job's queue wait.
 func (m *Metrics) ObserveQueueWait(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }
 
 // ObserveUpstream records the time from sending one upstream call of model
 // to its response headers or its transport error.
 func (m *Metrics) ObserveUpstream(model string, d time.Duration) {
-	m.UpstreamDuration.WithLabelValues(model).Observe(d.Seconds())
+	o, ok := m.upstreamDuration.Load(model)
+	if !ok {
+		o, _ = m.upstreamDuration.LoadOrStore(model, m.UpstreamDuration.WithLabelValues(model))
+	}
+	o.(prometheus.Observer).Observe(d.Seconds())
+}
+
+// upstreamKey labels a series of upstream_responses_total.
+type upstreamKey struct {
+	model  string
+	status int
+}
+
+// UpstreamResponse returns the upstream_responses_total series of model
+// and HTTP status, looked up once per (model, status): the pool's models
+// and the statuses a provider answers are few, and the series are never
+// deleted.
+func (m *Metrics) UpstreamResponse(model string, status int) prometheus.Counter {
+	k := upstreamKey{model, status}
+	if c, ok := m.upstreamResponses.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := m.upstreamResponses.LoadOrStore(k, m.UpstreamResponses.WithLabelValues(model, strconv.Itoa(status)))
+	return c.(prometheus.Counter)
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {

@@ -221,3 +221,72 @@ fairshare_scheduler_tenant_window_weighted_tokens{tenant="b"} 50
 		t.Error(err)
 	}
 }
+
+// TestTenantSeriesCached: a tenant's series are looked up once and kept on
+// the tenant, count into the same series as WithLabelValues, are created
+// only when first used, and are gone with the tenant: ForgetTenant deletes
+// them, and a removed tenant's later counts do not bring them back.
+func TestTenantSeriesCached(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	reg := registry.New(clocktesting.NewFakeClock(t0))
+	if err := reg.UpsertTenant(registry.TenantPolicy{ID: "a", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	ten := reg.Tenant("a")
+	m := New(prometheus.NewRegistry(), nil)
+	s := m.Tenant(ten)
+	if m.Tenant(ten) != s {
+		t.Fatal("the series of a tenant are not kept on it")
+	}
+	s.Charged().Add(5)
+	s.Admitted(ClassInteractive).Inc()
+	s.Requests(OutcomeOK).Inc()
+	s.Requests("token_rate_limit").Inc()
+	if got := testutil.ToFloat64(m.ChargedTokens.WithLabelValues("a")); got != 5 {
+		t.Errorf("charged = %v, want 5", got)
+	}
+	if got := testutil.ToFloat64(m.Admitted.WithLabelValues("a", ClassInteractive)); got != 1 {
+		t.Errorf("admitted = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.Requests.WithLabelValues("a", OutcomeOK)); got != 1 {
+		t.Errorf("requests ok = %v, want 1", got)
+	}
+	if n := testutil.CollectAndCount(m.Admitted); n != 1 {
+		t.Errorf("admitted series = %d, want 1 (batch not created before its first use)", n)
+	}
+	// A second Metrics on the same registry counts into its own vectors.
+	m2 := New(prometheus.NewRegistry(), nil)
+	m2.Tenant(ten).Used().Add(3)
+	if got := testutil.ToFloat64(m2.UsedTokens.WithLabelValues("a")); got != 3 {
+		t.Errorf("second metrics used = %v, want 3", got)
+	}
+	if n := testutil.CollectAndCount(m.UsedTokens); n != 0 {
+		t.Errorf("first metrics used series = %d, want 0", n)
+	}
+
+	reg.RemoveTenant("a")
+	m.ForgetTenant("a")
+	s.Charged().Add(1) // an in-flight call settling after the removal
+	if n := testutil.CollectAndCount(m.ChargedTokens) + testutil.CollectAndCount(m.Requests) + testutil.CollectAndCount(m.Admitted); n != 0 {
+		t.Errorf("series after ForgetTenant = %d, want 0", n)
+	}
+}
+
+// TestUpstreamSeriesCached: the per-model series are the vectors' children.
+func TestUpstreamSeriesCached(t *testing.T) {
+	m := New(prometheus.NewRegistry(), nil)
+	m.UpstreamResponse("m", 200).Inc()
+	m.UpstreamResponse("m", 200).Inc()
+	m.UpstreamResponse("m", 503).Inc()
+	if got := testutil.ToFloat64(m.UpstreamResponses.WithLabelValues("m", "200")); got != 2 {
+		t.Errorf("200 = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.UpstreamResponses.WithLabelValues("m", "503")); got != 1 {
+		t.Errorf("503 = %v, want 1", got)
+	}
+	m.ObserveUpstream("m", 2*time.Second)
+	m.ObserveUpstream("m", time.Second)
+	if n := testutil.CollectAndCount(m.UpstreamDuration); n != 1 {
+		t.Errorf("duration series = %d, want 1", n)
+	}
+}

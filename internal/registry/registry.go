@@ -83,6 +83,33 @@ type Tenant struct {
 	budgetStart time.Time
 	budgetUsed  int64 // settled use of the period
 	budgetHeld  int64 // reservations of calls in flight
+
+	// attached is a value the data plane keeps with the tenant (Attach).
+	attached atomic.Pointer[attachment]
+}
+
+// attachment boxes the value of Tenant.Attach.
+type attachment struct{ v any }
+
+// Attached returns the value attached to the tenant by Attach, or nil.
+func (t *Tenant) Attached() any {
+	if a := t.attached.Load(); a != nil {
+		return a.v
+	}
+	return nil
+}
+
+// Attach attaches v to the tenant unless a value is attached already, and
+// returns the value in force (v, or the earlier one). The data plane keeps
+// per-tenant state there that lives and dies with the Tenant (the metric
+// series handles of internal/metrics.Metrics.Tenant): a removed tenant's
+// Tenant is dropped by the registry, so nothing keyed by tenant grows
+// without bound.
+func (t *Tenant) Attach(v any) any {
+	if t.attached.CompareAndSwap(nil, &attachment{v: v}) {
+		return v
+	}
+	return t.Attached()
 }
 
 // Policy returns the tenant's policy in force (do not modify it).

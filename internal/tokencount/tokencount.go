@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
 )
@@ -90,6 +91,9 @@ func ContentText(raw json.RawMessage) (string, error) {
 	}
 	switch raw[0] {
 	case '"':
+		if s, ok := plainString(raw); ok {
+			return s, nil
+		}
 		var s string
 		err := json.Unmarshal(raw, &s)
 		return s, err
@@ -107,4 +111,28 @@ func ContentText(raw json.RawMessage) (string, error) {
 		return sb.String(), nil
 	}
 	return "", ErrContent
+}
+
+// plainString returns the value of the JSON string raw when it has no
+// escapes, no control characters and valid UTF-8, so that its value is its
+// bytes (what json.Unmarshal would return, without its decoder); otherwise
+// ok is false and the caller decodes it with encoding/json.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	ascii := true
+	for _, c := range in {
+		if c < 0x20 || c == '\\' || c == '"' {
+			return "", false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
 }
