@@ -153,7 +153,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		return
 	}
 	if req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		g.proxyStream(w, r, resp, c, injected)
+		g.proxyStream(w, r, resp, c, injected, req.choices > 1)
 		return
 	}
 	b, err := readResponseBody(resp.Body, resp.ContentLength, g.maxResp)
@@ -328,7 +328,12 @@ func (g *Gateway) writeUpstreamBody(w http.ResponseWriter, t *registry.Tenant, r
 // without usage; BC-23, BC-28a), so what was not generated is refunded.
 // Each event is read by scanEvent (one strict pass, encoding/json for
 // anything unusual).
-func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected bool) {
+//
+// With more than one choice (n > 1, perEvent) the choices' deltas
+// interleave, and the provider bills each choice's text on its own: each
+// event's text is then counted by itself (a piece of one choice is never
+// joined with the next choice's piece into one token).
+func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, injected, perEvent bool) {
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
 	setQuotaHeaders(h, tenantQuotaDims(c.tenant, c.tenant.Limiter.Snapshot(g.clock.Now()))...)
@@ -379,9 +384,12 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 			text.buf = text.buf[:mark]
 			c.settle(settleUsage, usage())
 		}
-		if last.Known {
+		switch {
+		case last.Known:
 			text.buf = text.buf[:0]
-		} else {
+		case perEvent:
+			text.flush()
+		default:
 			text.add()
 		}
 		if forward && clientOK {

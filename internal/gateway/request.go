@@ -82,19 +82,35 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 
 // readAllLimit reads body as io.ReadAll(io.LimitReader(body, limit+1))
 // does (at most limit+1 bytes, until EOF or the first error, returned with
-// the bytes read), into a buffer sized once from contentLength (bytes; -1
-// when unknown) when it is within limit, instead of regrowing from 512
-// bytes.
+// the bytes read). The buffer follows the bytes that arrive, not the
+// announced contentLength (bytes; -1 when unknown): it starts at
+// min(contentLength+1, initialBodyBuffer) and doubles, but a doubling never
+// passes contentLength+1 when that is within limit, so a body that arrives
+// as announced ends with one exact allocation instead of append's slack. A
+// client that announces 8 MiB and sends a few bytes holds at most
+// initialBodyBuffer (before, io.ReadAll held only what arrived; sizing the
+// buffer from Content-Length alone let such a client pin 8 MiB per
+// connection until the body read timeout).
 func readAllLimit(body io.Reader, contentLength, limit int64) ([]byte, error) {
-	size := 512
+	want := -1 // contentLength+1 when known and within limit
 	if contentLength >= 0 && contentLength <= limit {
-		size = int(contentLength) + 1 // and the final EOF read
+		want = int(contentLength) + 1 // and the final EOF read
+	}
+	size := 512
+	if want > 0 {
+		size = min(want, initialBodyBuffer)
 	}
 	b := make([]byte, 0, size)
 	lr := io.LimitedReader{R: body, N: limit + 1}
 	for {
 		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // grow as append does
+			next := 2 * cap(b)
+			if want > cap(b) && want < next {
+				next = want
+			}
+			nb := make([]byte, len(b), next)
+			copy(nb, b)
+			b = nb
 		}
 		n, err := lr.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -106,6 +122,11 @@ func readAllLimit(body io.Reader, contentLength, limit int64) ([]byte, error) {
 		}
 	}
 }
+
+// initialBodyBuffer is the most readAllLimit allocates before the bytes
+// arrive: 64 KiB, larger than most chat requests, so they are read with one
+// allocation.
+const initialBodyBuffer = 64 << 10
 
 // parseRequest parses an OpenAI request body for endpoint and estimates its
 // cost inputs. Errors: 400 invalid_json for malformed JSON or a non-object,

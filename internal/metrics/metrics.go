@@ -198,6 +198,7 @@ func (m *Metrics) ForgetTenant(tenant string) {
 // the exposition is the same. Safe for concurrent use.
 type TenantSeries struct {
 	m  *Metrics
+	t  *registry.Tenant
 	id string
 	// Series of the outcomes of interactive requests and of admission.
 	charged, refunded, used, requestsOK, admittedInteractive, admittedBatch atomic.Value // prometheus.Counter
@@ -210,7 +211,7 @@ func (m *Metrics) Tenant(t *registry.Tenant) *TenantSeries {
 	if s, ok := t.Attached().(*TenantSeries); ok && s.m == m {
 		return s
 	}
-	s := &TenantSeries{m: m, id: t.ID}
+	s := &TenantSeries{m: m, t: t, id: t.ID}
 	if t.Removed() {
 		return s
 	}
@@ -222,10 +223,22 @@ func (m *Metrics) Tenant(t *registry.Tenant) *TenantSeries {
 	return s
 }
 
-// counter returns the child of vec for the tenant (and label), made once.
+// detached counts what a removed tenant still reports (a call in flight
+// when its TenantQuota was deleted); it is registered nowhere, so those
+// counts are dropped instead of re-creating the series ForgetTenant deleted.
+var detached = prometheus.NewCounter(prometheus.CounterOpts{Name: "fairshare_removed_tenant_discarded_total",
+	Help: "Counts of removed tenants, never exposed."})
+
+// counter returns the child of vec for the tenant (and label), made once;
+// once the tenant is removed, a series not made before is not made (the
+// detached counter is returned): only a call racing the removal itself can
+// still create one.
 func (s *TenantSeries) counter(slot *atomic.Value, vec *prometheus.CounterVec, label string) prometheus.Counter {
 	if c, ok := slot.Load().(prometheus.Counter); ok {
 		return c
+	}
+	if s.t.Removed() {
+		return detached
 	}
 	var c prometheus.Counter
 	if label == "" {
@@ -235,6 +248,15 @@ func (s *TenantSeries) counter(slot *atomic.Value, vec *prometheus.CounterVec, l
 	}
 	slot.Store(c)
 	return c
+}
+
+// uncached returns vec's child for the tenant and label, looked up per
+// call, or the detached counter once the tenant is removed.
+func (s *TenantSeries) uncached(vec *prometheus.CounterVec, label string) prometheus.Counter {
+	if s.t.Removed() {
+		return detached
+	}
+	return vec.WithLabelValues(s.id, label)
 }
 
 // Charged is the tenant's charged_weighted_tokens_total.
@@ -258,7 +280,7 @@ func (s *TenantSeries) Requests(outcome string) prometheus.Counter {
 	if outcome == OutcomeOK {
 		return s.counter(&s.requestsOK, s.m.Requests, OutcomeOK)
 	}
-	return s.m.Requests.WithLabelValues(s.id, outcome)
+	return s.uncached(s.m.Requests, outcome)
 }
 
 // Admitted is the tenant's admitted_requests_total for class
@@ -270,7 +292,7 @@ func (s *TenantSeries) Admitted(class string) prometheus.Counter {
 	case ClassBatch:
 		return s.counter(&s.admittedBatch, s.m.Admitted, ClassBatch)
 	}
-	return s.m.Admitted.WithLabelValues(s.id, class)
+	return s.uncached(s.m.Admitted, class)
 }
 
 // ObserveQueueWait records one job's queue wait.
