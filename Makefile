@@ -136,7 +136,7 @@ demo: tools ## Start a local control plane, the operator, a scheduler and the si
 	$(GO) run ./test/demo
 
 .PHONY: bench
-bench: tools ## Every benchmark, raw output in docs/benchmarks.raw.txt (benchstat format), then the summary table in docs/benchmarks.md against the targets (about 30 min on 2 vCPUs before the HTTP step).
+bench: tools ## Every benchmark, raw output in docs/benchmarks.raw.txt (benchstat format), then the summary table in docs/benchmarks.md against the targets (about 35 min on 2 vCPUs, the HTTP step about 6).
 	@echo "==> [1/5] micro-benchmarks (count 3, about 13 min) ..."
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 $$($(GO) list ./internal/... | grep -v /internal/kube) | tee docs/benchmarks.raw.txt
 	@echo "==> [2/5] status writer, 10k TenantQuotas on the local API server (about 4 min) ..."
