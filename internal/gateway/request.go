@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -270,7 +269,7 @@ func decodeField(fields map[string]json.RawMessage, name string, v any) error {
 	}
 	switch p := v.(type) {
 	case *string:
-		if s, ok := plainJSONString(raw); ok {
+		if s, ok := tokencount.PlainJSONString(raw); ok {
 			*p = s
 			return nil
 		}
@@ -290,29 +289,6 @@ func decodeField(fields map[string]json.RawMessage, name string, v any) error {
 		}
 	}
 	return json.Unmarshal(raw, v)
-}
-
-// plainJSONString returns the value of raw when it is a JSON string
-// without escapes, control characters or invalid UTF-8 (which
-// encoding/json would decode or replace), so that its value is its bytes.
-func plainJSONString(raw []byte) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", false
-	}
-	in := raw[1 : len(raw)-1]
-	ascii := true
-	for _, c := range in {
-		if c < 0x20 || c == '\\' || c == '"' {
-			return "", false
-		}
-		if c >= utf8.RuneSelf {
-			ascii = false
-		}
-	}
-	if !ascii && !utf8.Valid(in) {
-		return "", false
-	}
-	return string(in), true
 }
 
 // plainJSONInt returns the value of raw when it is a JSON integer of at

@@ -91,7 +91,7 @@ func ContentText(raw json.RawMessage) (string, error) {
 	}
 	switch raw[0] {
 	case '"':
-		if s, ok := plainString(raw); ok {
+		if s, ok := PlainJSONString(raw); ok {
 			return s, nil
 		}
 		var s string
@@ -113,11 +113,12 @@ func ContentText(raw json.RawMessage) (string, error) {
 	return "", ErrContent
 }
 
-// plainString returns the value of the JSON string raw when it has no
+// PlainJSONString returns the value of the JSON string raw when it has no
 // escapes, no control characters and valid UTF-8, so that its value is its
 // bytes (what json.Unmarshal would return, without its decoder); otherwise
-// ok is false and the caller decodes it with encoding/json.
-func plainString(raw []byte) (string, bool) {
+// ok is false and the caller decodes it with encoding/json (RFC 8259
+// section 7).
+func PlainJSONString(raw []byte) (string, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", false
 	}
