@@ -247,3 +247,81 @@ func FuzzBulkUpload(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRequestFields: the one-pass member reader of request bodies
+// (decodeRequestFields) accepts exactly the bodies json.Unmarshal decodes
+// into a non-nil map, and keeps for each name it reads the raw value the
+// map holds (keys unescaped, exact, last duplicate wins).
+func FuzzDecodeRequestFields(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`,
+		`{"model":"a","model":"b","mod\u0065l":"c","Model":"d","n":2}`,
+		`{"stream":true,"stream_options":{"include_usage":true},"prompt":["x"],"input":[1,2]}`,
+		`{"max_completion_tokens" : 7 , "max_tokens":null}`, `null`, `[]`, `{}`, `{"a":`, `{"n":1}x`,
+		`{"\u006e":5,"\ud800":1}`, "{\"model\":\"\xff\"}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var got requestFields
+		ok := decodeRequestFields(body, &got)
+		var m map[string]json.RawMessage
+		err := json.Unmarshal(body, &m)
+		if ok != (err == nil && m != nil) {
+			t.Fatalf("accepted %v, json.Unmarshal into a map: %v (nil map %v)", ok, err, m == nil)
+		}
+		if !ok {
+			return
+		}
+		var want requestFields
+		for k, v := range m {
+			want.set(k, v)
+		}
+		for _, c := range []struct {
+			name      string
+			got, want json.RawMessage
+		}{
+			{"model", got.model, want.model}, {"stream", got.stream, want.stream},
+			{"stream_options", got.streamOptions, want.streamOptions}, {"messages", got.messages, want.messages},
+			{"prompt", got.prompt, want.prompt}, {"input", got.input, want.input},
+			{"max_tokens", got.maxTokens, want.maxTokens},
+			{"max_completion_tokens", got.maxCompletionTokens, want.maxCompletionTokens}, {"n", got.n, want.n},
+		} {
+			if (c.got == nil) != (c.want == nil) || !bytes.Equal(c.got, c.want) {
+				t.Fatalf("%s: %q, map holds %q", c.name, c.got, c.want)
+			}
+		}
+	})
+}
+
+// FuzzDecodeMessage: decodeMessage decodes every valid JSON value exactly
+// as json.Unmarshal into a tokencount.Message does (the same error or
+// none, the same name and raw content).
+func FuzzDecodeMessage(f *testing.F) {
+	for _, s := range []string{
+		`{"role":"user","content":"hi"}`, `{"content":"a","Content":"b","CONTENT":null}`,
+		`{"name":"x","name":null}`, `{"name":1}`, `{"NaMe":"y","content":[{"type":"text","text":"t"}]}`,
+		`{"conte\u006et":"e"}`, `{"tool_calls":[{"id":"c","function":{"name":"f"}}],"content":null}`,
+		`null`, `"s"`, `[]`, `{}`, `{"name":"\u00e9"}`, "{\"\xc5\xbf\":1}", `{ "content" : "x" , "name" : "n" }`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if !json.Valid(raw) {
+			return // decodeMessage reads values of a validated body only
+		}
+		raw = bytes.TrimSpace(raw)
+		var got, want tokencount.Message
+		gotErr := decodeMessage(raw, &got)
+		wantErr := json.Unmarshal(raw, &want)
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("error %v, json.Unmarshal %v", gotErr, wantErr)
+		}
+		if gotErr != nil {
+			return
+		}
+		if got.Name != want.Name || !bytes.Equal(got.Content, want.Content) || (got.Content == nil) != (want.Content == nil) {
+			t.Fatalf("got %q %q, json.Unmarshal %q %q", got.Name, got.Content, want.Name, want.Content)
+		}
+	})
+}

@@ -117,7 +117,7 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
 		return sr, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
 	}
-	if err := decodeField(fields, "endpoint", &sr.Endpoint); err != nil {
+	if err := decodeField(fields["endpoint"], &sr.Endpoint); err != nil {
 		return sr, badRequest(codeInvalidEndpoint, "\"endpoint\" must be a string.")
 	}
 	sr.Body = fields["body"]
@@ -125,7 +125,7 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 		sr.Metadata = v
 	}
 	var d *float64
-	if err := decodeField(fields, "deadlineSeconds", &d); err != nil {
+	if err := decodeField(fields["deadlineSeconds"], &d); err != nil {
 		return sr, badRequest(codeInvalidDeadline, "\"deadlineSeconds\" must be a number of seconds.")
 	}
 	if d != nil {
@@ -134,7 +134,7 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 		}
 		sr.DeadlineSeconds = d
 	}
-	if err := decodeField(fields, "webhookURL", &sr.WebhookURL); err != nil {
+	if err := decodeField(fields["webhookURL"], &sr.WebhookURL); err != nil {
 		return sr, badRequest(codeInvalidRequest, "\"webhookURL\" must be a string.")
 	}
 	if sr.WebhookURL != "" {

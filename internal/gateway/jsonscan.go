@@ -26,7 +26,7 @@ const maxJSONDepth = 10000
 // body is only scanned. Memory: O(depth) besides the members kept.
 func scanResponseJSON(b []byte) (u limiter.Usage, ok bool) {
 	var cands [][2]int // key start, value end of candidate top-level members
-	ok, obj := scanJSON(b, &cands)
+	ok, obj := scanJSON(b, usageKeyCandidate, &cands)
 	if !ok || !obj || len(cands) == 0 {
 		// A valid body that is not an object, or an object without a
 		// usage member, has no usage (json.Unmarshal into a struct fails or
@@ -72,9 +72,10 @@ func usageKeyCandidate(k []byte) bool {
 // scanJSON reports whether b is one valid JSON value (encoding/json.Valid's
 // grammar and depth limit) and whether it is an object; for an object it
 // appends to cands the span (from the key's opening quote to the end of the
-// value) of every top-level member whose key is a usageKeyCandidate. It is
-// iterative: the container stack is one byte per level.
-func scanJSON(b []byte, cands *[][2]int) (ok, object bool) {
+// value) of every top-level member whose raw key (between the quotes, still
+// escaped) keep accepts. It is iterative: the container stack is one byte
+// per level.
+func scanJSON(b []byte, keep func(key []byte) bool, cands *[][2]int) (ok, object bool) {
 	var stack []byte // '{' or '[' per open container
 	var small [64]byte
 	stack = small[:0]
@@ -176,7 +177,7 @@ key:
 		if i = scanJSONString(b, i+1); i < 0 {
 			return false, object
 		}
-		if len(stack) == 1 && usageKeyCandidate(b[ks+1:i-1]) {
+		if len(stack) == 1 && keep(b[ks+1:i-1]) {
 			member = ks
 		}
 		i = skipJSONSpace(b, i)

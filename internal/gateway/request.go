@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -20,8 +21,9 @@ const (
 	endpointEmbeddings  = "/v1/embeddings"
 )
 
-// request is a parsed OpenAI request: the fields the gateway reads, and the
-// body as a map of raw fields so that unknown fields pass through unchanged.
+// request is a parsed OpenAI request: the fields the gateway reads, their
+// raw JSON values, and the body, sent upstream unchanged unless a field
+// must be added (upstreamBody).
 type request struct {
 	endpoint string
 	model    string
@@ -44,8 +46,82 @@ type request struct {
 	// wouldRefuse: the code Enforce would have refused the request with
 	// before admission (a DryRun tenant's request over its output cap).
 	wouldRefuse string
-	fields      map[string]json.RawMessage
+	fields      requestFields
 	body        []byte
+}
+
+// requestFields holds the raw JSON values of the top-level members of a
+// request body that parseRequest reads; nil when the member is absent. As
+// when a body is decoded into a map, keys match exactly once unescaped
+// (case-sensitive) and the last of duplicate members wins.
+type requestFields struct {
+	model, stream, streamOptions, messages, prompt, input json.RawMessage
+	maxTokens, maxCompletionTokens, n                     json.RawMessage
+}
+
+// set records value as the member named key (unescaped); other names are
+// ignored.
+func (f *requestFields) set(key string, value json.RawMessage) {
+	switch key {
+	case "model":
+		f.model = value
+	case "stream":
+		f.stream = value
+	case "stream_options":
+		f.streamOptions = value
+	case "messages":
+		f.messages = value
+	case "prompt":
+		f.prompt = value
+	case "input":
+		f.input = value
+	case "max_tokens":
+		f.maxTokens = value
+	case "max_completion_tokens":
+		f.maxCompletionTokens = value
+	case "n":
+		f.n = value
+	}
+}
+
+// requestKeyCandidate reports whether the raw (still escaped) top-level key
+// k may name a member requestFields keeps: one of its names as written, or
+// any key with an escape (which may unescape to one). scanJSON keeps the
+// spans of these members only.
+func requestKeyCandidate(k []byte) bool {
+	switch string(k) {
+	case "model", "stream", "stream_options", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n":
+		return true
+	}
+	return bytes.IndexByte(k, '\\') >= 0
+}
+
+// decodeRequestFields validates body as one JSON object (encoding/json's
+// grammar, scanJSON) and reads the members requestFields keeps, in one
+// pass and without building a map of every member; ok is false when body
+// is not valid JSON or not an object.
+func decodeRequestFields(body []byte, f *requestFields) (ok bool) {
+	var spans [16][2]int
+	cands := spans[:0]
+	valid, obj := scanJSON(body, requestKeyCandidate, &cands)
+	if !valid || !obj {
+		return false
+	}
+	for _, c := range cands {
+		ke := scanJSONString(body, c[0]+1) // just past the key's closing quote
+		rawKey := body[c[0]+1 : ke-1]
+		vs := skipJSONSpace(body, skipJSONSpace(body, ke)+1) // past the colon
+		value := json.RawMessage(body[vs:c[1]])
+		if bytes.IndexByte(rawKey, '\\') < 0 {
+			f.set(string(rawKey), value)
+			continue
+		}
+		var key string
+		if json.Unmarshal(body[c[0]:ke], &key) == nil {
+			f.set(key, value)
+		}
+	}
+	return true
 }
 
 // codeBodyTimeout refuses a request whose body was not received within the
@@ -138,20 +214,21 @@ const initialBodyBuffer = 64 << 10
 // (BC-28c); embeddings reserve no output. It is multiplied by n (choices).
 func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*request, *apiError) {
 	req := &request{endpoint: endpoint, body: body}
-	if err := json.Unmarshal(body, &req.fields); err != nil || req.fields == nil {
+	if !decodeRequestFields(body, &req.fields) {
 		return nil, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
 	}
-	if err := decodeField(req.fields, "model", &req.model); err != nil || req.model == "" {
+	f := &req.fields
+	if err := decodeField(f.model, &req.model); err != nil || req.model == "" {
 		return nil, badRequest(codeInvalidRequest, "The request needs a string \"model\".")
 	}
 	if !pool.HasModel(req.model) {
 		return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: codeModelNotFound,
 			message: fmt.Sprintf("The model %q is not served by this pool.", req.model)}
 	}
-	if err := decodeField(req.fields, "stream", &req.stream); err != nil {
+	if err := decodeField(f.stream, &req.stream); err != nil {
 		return nil, badRequest(codeInvalidRequest, "\"stream\" must be a boolean.")
 	}
-	if raw, ok := req.fields["stream_options"]; ok && req.stream {
+	if raw := f.streamOptions; raw != nil && req.stream {
 		var so struct {
 			IncludeUsage bool `json:"include_usage"`
 		}
@@ -163,18 +240,18 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 	var err error
 	switch endpoint {
 	case endpointChat:
-		req.promptTokens, err = chatPromptTokens(req.fields["messages"])
+		req.promptTokens, err = chatPromptTokens(f.messages)
 	case endpointCompletions:
-		req.promptTokens, err = inputTokens(req.fields["prompt"])
+		req.promptTokens, err = inputTokens(f.prompt)
 	case endpointEmbeddings:
-		req.promptTokens, err = inputTokens(req.fields["input"])
+		req.promptTokens, err = inputTokens(f.input)
 	}
 	if err != nil {
 		return nil, badRequest(codeInvalidRequest, err.Error())
 	}
 	if endpoint != endpointEmbeddings {
 		var maxTokens, maxCompletion *int64
-		if decodeField(req.fields, "max_tokens", &maxTokens) != nil || decodeField(req.fields, "max_completion_tokens", &maxCompletion) != nil ||
+		if decodeField(f.maxTokens, &maxTokens) != nil || decodeField(f.maxCompletionTokens, &maxCompletion) != nil ||
 			(maxTokens != nil && *maxTokens < 0) || (maxCompletion != nil && *maxCompletion < 0) {
 			return nil, badRequest(codeInvalidRequest, "\"max_tokens\" and \"max_completion_tokens\" must be non-negative integers.")
 		}
@@ -190,7 +267,7 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 			req.defaultMaxOutput = true
 		}
 		var n *int64
-		if decodeField(req.fields, "n", &n) != nil || (n != nil && *n < 1) {
+		if decodeField(f.n, &n) != nil || (n != nil && *n < 1) {
 			return nil, badRequest(codeInvalidRequest, "\"n\" must be a positive integer.")
 		}
 		// Charged for every choice asked for: the provider is sent n as
@@ -256,15 +333,14 @@ func (req *request) explainDefault(e *apiError, pool *registry.PoolPolicy) *apiE
 	return &out
 }
 
-// decodeField decodes fields[name] into v when present and not null.
-// The common shapes of the fields parseRequest reads (a plain string into
-// *string, true or false into *bool, a plain integer into **int64) are
-// decoded without encoding/json; the result is the same (fields holds
-// values of a body encoding/json has validated), anything else is left to
-// json.Unmarshal.
-func decodeField(fields map[string]json.RawMessage, name string, v any) error {
-	raw, ok := fields[name]
-	if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+// decodeField decodes the raw value of a member into v when present (raw
+// not nil) and not null. The common shapes of the fields parseRequest reads
+// (a plain string into *string, true or false into *bool, a plain integer
+// into **int64) are decoded without encoding/json; the result is the same
+// (raw is a value of a body scanJSON has validated), anything else is left
+// to json.Unmarshal.
+func decodeField(raw json.RawMessage, v any) error {
+	if raw == nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil
 	}
 	switch p := v.(type) {
@@ -332,7 +408,7 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 	for i < len(raw) && raw[i] != ']' {
 		end := nextJSONValue(raw, i)
 		var m tokencount.Message
-		if err := json.Unmarshal(raw[i:end], &m); err != nil {
+		if err := decodeMessage(raw[i:end], &m); err != nil {
 			return 0, errShape
 		}
 		text, err := tokencount.ContentText(m.Content)
@@ -358,6 +434,83 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 		return 0, errors.New("\"messages\" must be a non-empty array of message objects")
 	}
 	return total, nil
+}
+
+// decodeMessage decodes one chat message (a value of a body scanJSON has
+// validated) into m exactly as json.Unmarshal(raw, m) does. An object whose
+// keys are plain ASCII and whose "name", if any, is a plain string or null
+// is read member by member: a key equal to "content" or "name" under ASCII
+// case folding sets that field (encoding/json matches struct fields case-
+// insensitively, and the last of duplicates wins; null leaves Name as it
+// is); the other members are skipped. Anything else (a key with an escape or
+// a non-ASCII byte, which may fold to a field name; a name of another type;
+// a value that is not an object) is left to json.Unmarshal.
+func decodeMessage(raw []byte, m *tokencount.Message) error {
+	if !decodeMessagePlain(raw, m) {
+		*m = tokencount.Message{}
+		return json.Unmarshal(raw, m)
+	}
+	return nil
+}
+
+// decodeMessagePlain is decodeMessage's member-by-member path; false when
+// it does not apply (m is then partly set).
+func decodeMessagePlain(raw []byte, m *tokencount.Message) bool {
+	if len(raw) == 0 || raw[0] != '{' {
+		return false
+	}
+	i := skipJSONSpace(raw, 1)
+	for i < len(raw) && raw[i] == '"' {
+		ke := scanJSONString(raw, i+1)
+		if ke < 0 {
+			return false
+		}
+		key := raw[i+1 : ke-1]
+		vs := skipJSONSpace(raw, skipJSONSpace(raw, ke)+1) // past the colon
+		ve := nextJSONValue(raw, vs)
+		value := raw[vs:ve]
+		switch {
+		case asciiEqualFold(key, "content"):
+			m.Content = json.RawMessage(value)
+		case asciiEqualFold(key, "name"):
+			if !bytes.Equal(value, []byte("null")) {
+				s, ok := tokencount.PlainJSONString(value)
+				if !ok {
+					return false
+				}
+				m.Name = s
+			}
+		default:
+			for _, c := range key {
+				if c == '\\' || c >= utf8.RuneSelf {
+					return false
+				}
+			}
+		}
+		i = skipJSONSpace(raw, ve)
+		if i < len(raw) && raw[i] == ',' {
+			i = skipJSONSpace(raw, i+1)
+		}
+	}
+	return true
+}
+
+// asciiEqualFold reports whether the bytes k equal the lower-case ASCII
+// name under ASCII case folding.
+func asciiEqualFold(k []byte, name string) bool {
+	if len(k) != len(name) {
+		return false
+	}
+	for i := range len(k) {
+		c := k[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // nextJSONValue returns the index just past the JSON value that starts at
@@ -471,13 +624,15 @@ func (req *request) upstreamBody() (body []byte, injected bool, err error) {
 	if !injectUsage && !req.injectMax {
 		return req.body, false, nil
 	}
-	fields := make(map[string]json.RawMessage, len(req.fields)+2)
-	for k, v := range req.fields {
-		fields[k] = v
+	// The rare path: every member, decoded into a map, re-encoded with the
+	// added ones.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(req.body, &fields); err != nil {
+		return nil, false, err
 	}
 	if injectUsage {
 		so := map[string]json.RawMessage{}
-		if raw, ok := req.fields["stream_options"]; ok {
+		if raw := req.fields.streamOptions; raw != nil {
 			_ = json.Unmarshal(raw, &so)
 		}
 		so["include_usage"] = json.RawMessage("true")
