@@ -69,7 +69,7 @@ func TestNonStreamingBodyReadOnce(t *testing.T) {
 				e.gw.maxResp = tc.maxResp
 			}
 			body := chatBody(1000)
-			req, aerr := parseRequest(endpointChat, []byte(body), e.reg.Pool())
+			req, aerr := parseRequest(endpointChat, []byte(body), e.reg.Pool(), promptCounter{})
 			if aerr != nil {
 				t.Fatal(aerr.message)
 			}

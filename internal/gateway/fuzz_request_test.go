@@ -67,9 +67,12 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	}
 	pool := fuzzPool()
+	// Counted through a count cache: the figures must equal tokencount's
+	// (below), on the first parse and on the second (cache hits).
+	pc := promptCounter{cache: tokencount.NewCache(64), scope: "tenant"}
 	f.Fuzz(func(t *testing.T, ep uint8, body []byte) {
 		endpoint := fuzzEndpoints[int(ep)%len(fuzzEndpoints)]
-		req, aerr := parseRequest(endpoint, body, pool)
+		req, aerr := parseRequest(endpoint, body, pool, pc)
 		if aerr != nil {
 			checkRefusal(t, aerr)
 			return
@@ -140,7 +143,7 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatalf("prompt %d, tokencount.Chat %d (%v)", req.promptTokens, n, err)
 			}
 		}
-		again, aerr := parseRequest(endpoint, bytes.Clone(body), pool)
+		again, aerr := parseRequest(endpoint, bytes.Clone(body), pool, pc)
 		if aerr != nil || again.promptTokens != req.promptTokens || again.maxOutput != req.maxOutput {
 			t.Fatalf("not deterministic: %+v %v", again, aerr)
 		}

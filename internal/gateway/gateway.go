@@ -57,6 +57,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // Defaults of Options.
@@ -195,6 +196,9 @@ type Gateway struct {
 	pending []jobs.Job
 	// hooks delivers completion webhooks; stopped when Run returns.
 	hooks *webhookNotifier
+	// counts is the cache of prompt token counts, scoped by tenant
+	// (tokencount.Cache, DefaultCacheSlots texts).
+	counts *tokencount.Cache
 	// undelivered are the store's finished jobs at New whose webhook was
 	// still pending; Run delivers them again.
 	undelivered []jobs.Job
@@ -241,7 +245,8 @@ func New(o Options) *Gateway {
 		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.ProviderKey,
 		client: o.Client, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
 		bodyRead: o.BodyReadTimeout, writeStall: o.WriteStallTimeout,
-		sem: make(chan struct{}, o.UpstreamConcurrency),
+		sem:    make(chan struct{}, o.UpstreamConcurrency),
+		counts: tokencount.NewCache(tokencount.DefaultCacheSlots),
 	}
 	g.lastInteractive.Store(g.clock.Now().UnixNano())
 	g.dispatch = newDispatcher(g)

@@ -48,7 +48,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	if !ok {
 		return
 	}
-	req, aerr := parseRequest(endpoint, body, pool)
+	req, aerr := parseRequest(endpoint, body, pool, g.promptCounter(t))
 	if aerr != nil {
 		g.refuse(w, t, aerr)
 		return

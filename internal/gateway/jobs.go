@@ -197,7 +197,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 	if b := bytes.TrimSpace(sr.Body); len(b) == 0 || b[0] != '{' {
 		return jobs.Job{}, badRequest(codeInvalidRequest, "The job needs a \"body\" object (an OpenAI request).")
 	}
-	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool)
+	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool, g.promptCounter(t))
 	if aerr != nil {
 		return jobs.Job{}, aerr
 	}

@@ -132,7 +132,7 @@ func wouldRefuseOf(j jobs.Job, capTokens int64, dryRun bool, pool *registry.Pool
 	if !dryRun || capTokens <= 0 || j.Endpoint == endpointEmbeddings {
 		return ""
 	}
-	req, aerr := parseRequest(j.Endpoint, j.Body, pool)
+	req, aerr := parseRequest(j.Endpoint, j.Body, pool, promptCounter{})
 	if aerr != nil {
 		return ""
 	}

@@ -212,7 +212,7 @@ const initialBodyBuffer = 64 << 10
 // max_tokens when both are set (BC-28b: a client cannot get 4096 tokens
 // charged as 1), else the one set, else the pool's defaultMaxOutputTokens
 // (BC-28c); embeddings reserve no output. It is multiplied by n (choices).
-func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*request, *apiError) {
+func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc promptCounter) (*request, *apiError) {
 	req := &request{endpoint: endpoint, body: body}
 	if !decodeRequestFields(body, &req.fields) {
 		return nil, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
@@ -240,11 +240,11 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy) (*req
 	var err error
 	switch endpoint {
 	case endpointChat:
-		req.promptTokens, err = chatPromptTokens(f.messages)
+		req.promptTokens, err = chatPromptTokens(f.messages, pc)
 	case endpointCompletions:
-		req.promptTokens, err = inputTokens(f.prompt)
+		req.promptTokens, err = inputTokens(f.prompt, pc)
 	case endpointEmbeddings:
-		req.promptTokens, err = inputTokens(f.input)
+		req.promptTokens, err = inputTokens(f.input, pc)
 	}
 	if err != nil {
 		return nil, badRequest(codeInvalidRequest, err.Error())
@@ -333,6 +333,28 @@ func (req *request) explainDefault(e *apiError, pool *registry.PoolPolicy) *apiE
 	return &out
 }
 
+// promptCounter counts the prompt texts of one tenant's request: through
+// the gateway's count cache, scoped by the tenant's id (tokencount.Cache:
+// a conversation's earlier turns and a system prompt are tokenized once),
+// or with tokencount.Text when cache is nil.
+type promptCounter struct {
+	cache *tokencount.Cache
+	scope string
+}
+
+// promptCounter returns the counter of tenant t's prompts.
+func (g *Gateway) promptCounter(t *registry.Tenant) promptCounter {
+	return promptCounter{cache: g.counts, scope: t.ID}
+}
+
+// text returns the cl100k_base tokens of s (tokencount.Text's errors).
+func (pc promptCounter) text(s string) (int64, error) {
+	if pc.cache == nil {
+		return tokencount.Text(s)
+	}
+	return pc.cache.Text(pc.scope, s)
+}
+
 // decodeField decodes the raw value of a member into v when present (raw
 // not nil) and not null. The common shapes of the fields parseRequest reads
 // (a plain string into *string, true or false into *bool, a plain integer
@@ -394,7 +416,7 @@ func plainJSONInt(raw []byte) (int64, bool) {
 // that memory stays bounded by the largest message rather than growing
 // with the number of messages (an 8 MiB body of empty messages is 2.7
 // million of them), without a json.Decoder's copy of the array.
-func chatPromptTokens(raw json.RawMessage) (int64, error) {
+func chatPromptTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return 0, errors.New("the request needs \"messages\"")
@@ -414,7 +436,7 @@ func chatPromptTokens(raw json.RawMessage) (int64, error) {
 		text, err := tokencount.ContentText(m.Content)
 		if err == nil {
 			var n int64
-			if n, err = tokencount.Text(text); err == nil {
+			if n, err = pc.text(text); err == nil {
 				total += n + tokencount.MessageOverheadTokens
 				if m.Name != "" {
 					total += tokencount.NameOverheadTokens
@@ -554,7 +576,7 @@ func nextJSONValue(b []byte, i int) int {
 // of arrays of token ids. The shape is read from the first bytes and the
 // value decoded once in that shape (decoding it in every shape in turn
 // allocated several times the body for long arrays).
-func inputTokens(raw json.RawMessage) (int64, error) {
+func inputTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return 0, nil
@@ -566,7 +588,7 @@ func inputTokens(raw json.RawMessage) (int64, error) {
 		if json.Unmarshal(raw, &s) != nil {
 			return 0, errShape
 		}
-		return tokencount.Text(s)
+		return pc.text(s)
 	case '[':
 	default:
 		return 0, errShape
@@ -585,7 +607,7 @@ func inputTokens(raw json.RawMessage) (int64, error) {
 		}
 		var total int64
 		for _, s := range ss {
-			n, err := tokencount.Text(s)
+			n, err := pc.text(s)
 			if err != nil {
 				return 0, err
 			}
