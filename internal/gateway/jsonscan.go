@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
+	"unicode/utf8"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 )
@@ -33,6 +35,11 @@ func scanResponseJSON(b []byte) (u limiter.Usage, ok bool) {
 		// leaves Usage nil).
 		return limiter.Usage{}, ok
 	}
+	if len(cands) == 1 {
+		if u, ok := plainUsage(b, cands[0]); ok {
+			return u, true
+		}
+	}
 	n := 2
 	for _, c := range cands {
 		n += c[1] - c[0] + 1
@@ -47,6 +54,74 @@ func scanResponseJSON(b []byte) (u limiter.Usage, ok bool) {
 	}
 	doc = append(doc, '}')
 	return parseBodyUsage(doc), true
+}
+
+// plainUsage reads the usage of the one candidate member c (its span in
+// b, validated by scanJSON) without encoding/json when the member has the
+// common shape: the key "usage" as written, and null or an object whose
+// keys are plain ASCII and whose prompt_tokens and completion_tokens
+// (matched case-insensitively, the last of duplicates winning, null
+// clearing) are integers of at most 18 digits. ok is false for any other
+// shape, which parseBodyUsage then decodes; the result is the same
+// (FuzzScanResponseJSON).
+func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
+	ke := scanJSONString(b, c[0]+1)
+	if string(b[c[0]+1:ke-1]) != "usage" {
+		return limiter.Usage{}, false
+	}
+	v := b[skipJSONSpace(b, skipJSONSpace(b, ke)+1):c[1]]
+	if string(v) == "null" {
+		return limiter.Usage{}, true
+	}
+	if len(v) == 0 || v[0] != '{' {
+		return limiter.Usage{}, false
+	}
+	// As usageJSON: set (and the value) of each field.
+	var hasP, hasC bool
+	var pv, cv int64
+	i := skipJSONSpace(v, 1)
+	for i < len(v) && v[i] == '"' {
+		ke := scanJSONString(v, i+1)
+		key := v[i+1 : ke-1]
+		vs := skipJSONSpace(v, skipJSONSpace(v, ke)+1)
+		ve := nextJSONValue(v, vs)
+		val := v[vs:ve]
+		var has *bool
+		var dst *int64
+		switch {
+		case asciiEqualFold(key, "prompt_tokens"):
+			has, dst = &hasP, &pv
+		case asciiEqualFold(key, "completion_tokens"):
+			has, dst = &hasC, &cv
+		default:
+			for _, ch := range key {
+				if ch == '\\' || ch >= utf8.RuneSelf {
+					return limiter.Usage{}, false
+				}
+			}
+		}
+		if has != nil {
+			if string(val) == "null" {
+				*has = false
+			} else if n, ok := plainJSONInt(val); ok {
+				*has, *dst = true, n
+			} else {
+				return limiter.Usage{}, false
+			}
+		}
+		i = skipJSONSpace(v, ve)
+		if i < len(v) && v[i] == ',' {
+			i = skipJSONSpace(v, i+1)
+		}
+	}
+	if !hasP {
+		return limiter.Usage{}, true
+	}
+	u = limiter.Usage{PromptTokens: pv, Known: true}
+	if hasC {
+		u.OutputTokens = cv
+	}
+	return u, true
 }
 
 // usageKeyCandidate reports whether the raw (still escaped) JSON object key
@@ -216,60 +291,112 @@ const (
 // scanJSONString scans a string whose opening quote is at i-1 and returns
 // the index after its closing quote, or -1 when it is invalid (RFC 8259
 // section 7: a control character below U+0020, a bad escape, or no closing
-// quote). Runs of plain bytes are skipped 8 at a time.
+// quote). The next quote and the next backslash are found with
+// bytes.IndexByte (vectorised), each search starting where the last one
+// ended, so every byte is searched at most once for each; the plain run
+// before them is checked for control characters by hasControl.
 func scanJSONString(b []byte, i int) int {
 	n := len(b)
-	for {
-		for i+8 <= n {
-			x := binary.LittleEndian.Uint64(b[i:])
-			// High bit set in a byte that is '"', '\\' or below 0x20 (the
-			// "has zero byte" and "has less than" word tricks; exact as to
-			// whether any such byte is present, the lowest flagged byte is
-			// the first such byte).
-			q := x ^ (swarOnes * '"')
-			s := x ^ (swarOnes * '\\')
-			m := ((q - swarOnes) &^ q) | ((s - swarOnes) &^ s) | ((x - swarOnes*0x20) &^ x)
-			m &= swarHighs
-			if m == 0 {
-				i += 8
-				continue
-			}
-			i += bits.TrailingZeros64(m) / 8
+	// Most strings (keys, ids, short values) end within 16 bytes: two
+	// words checked at once for a quote, a backslash or a control
+	// character find their end without the searches' calls.
+	for range 2 {
+		if i+8 > n {
 			break
 		}
+		x := binary.LittleEndian.Uint64(b[i:])
+		qx := x ^ (swarOnes * '"')
+		sx := x ^ (swarOnes * '\\')
+		m := (((qx - swarOnes) &^ qx) | ((sx - swarOnes) &^ sx) | ((x - swarOnes*0x20) &^ x)) & swarHighs
+		if m == 0 {
+			i += 8
+			continue
+		}
+		// The lowest flagged byte is the first such byte (borrows only
+		// propagate upwards from a flagged byte).
+		i += bits.TrailingZeros64(m) / 8
+		if b[i] == '"' {
+			return i + 1
+		}
+		break
+	}
+	q, bs := -1, -1 // the next '"' (n: none) and the next '\\' before q (q: none) at or after i
+	for {
+		if q < i {
+			q = n
+			if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
+				q = i + k
+			}
+		}
+		if bs < i {
+			bs = q
+			if k := bytes.IndexByte(b[i:q], '\\'); k >= 0 {
+				bs = i + k
+			}
+		}
+		end := min(q, bs)
+		if hasControl(b[i:end]) {
+			return -1
+		}
+		i = end
 		if i >= n {
 			return -1
 		}
-		switch c := b[i]; {
-		case c == '"':
+		if b[i] == '"' {
 			return i + 1
-		case c < 0x20:
+		}
+		// b[i] is a backslash.
+		i++
+		if i >= n {
 			return -1
-		case c == '\\':
+		}
+		switch b[i] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 			i++
-			if i >= n {
+		case 'u':
+			if n-i < 5 {
 				return -1
 			}
-			switch b[i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i++
-			case 'u':
-				if n-i < 5 {
+			for _, h := range b[i+1 : i+5] {
+				if !isHexDigit(h) {
 					return -1
 				}
-				for _, h := range b[i+1 : i+5] {
-					if !isHexDigit(h) {
-						return -1
-					}
-				}
-				i += 5
-			default:
-				return -1
 			}
+			i += 5
 		default:
-			i++
+			return -1
 		}
 	}
+}
+
+// hasControl reports whether s holds a byte below 0x20, 32 bytes at a
+// time: a word x has one exactly when (x - 0x20 in every byte) &^ x has a
+// byte's high bit set (the "has less than" word trick, exact for bounds up
+// to 0x80).
+func hasControl(s []byte) bool {
+	i := 0
+	for ; i+32 <= len(s); i += 32 {
+		x0 := binary.LittleEndian.Uint64(s[i:])
+		x1 := binary.LittleEndian.Uint64(s[i+8:])
+		x2 := binary.LittleEndian.Uint64(s[i+16:])
+		x3 := binary.LittleEndian.Uint64(s[i+24:])
+		m := ((x0 - swarOnes*0x20) &^ x0) | ((x1 - swarOnes*0x20) &^ x1) | ((x2 - swarOnes*0x20) &^ x2) | ((x3 - swarOnes*0x20) &^ x3)
+		if m&swarHighs != 0 {
+			return true
+		}
+	}
+	for ; i+8 <= len(s); i += 8 {
+		x := binary.LittleEndian.Uint64(s[i:])
+		if ((x-swarOnes*0x20)&^x)&swarHighs != 0 {
+			return true
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 func isHexDigit(c byte) bool {

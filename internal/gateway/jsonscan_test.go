@@ -15,6 +15,12 @@ var jsonScanCases = []string{
 	`{"a":1,}`, `[1,]`, `[1 2]`, `{"a" 1}`, `{"a":1 "b":2}`, `{a:1}`, `{"a":1}}`, `[[]`, ` {"a" : [ 1 , {"b":null} ] } `,
 	"\t{\"usage\":{\"prompt_tokens\":3}}\r\n", `{"usage":{"prompt_tokens":3}} x`, "\ufeff{}", `{"a":1}` + "\x00",
 	`{"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}`,
+	// The plain usage path (plainUsage) and the shapes it leaves to encoding/json.
+	`{"usage":{"PROMPT_TOKENS":3,"prompt_tokens":null,"completion_tokens":2}}`, `{"usage":{"prompt_tokens":1.0}}`,
+	`{"usage":{"prompt_tokens":-0,"Completion_Tokens":7}}`, `{"usage":{"prompt_tokens":"3"}}`, `{"usage":{"\u0070rompt_tokens":3}}`,
+	`{"usage":{"prompt_to\u212Aens":3}}`, "{\"usage\":{\"prompt_to\u212aens\":3}}", `{"usage":7}`, `{"usage":null}`,
+	`{"usage":{"prompt_tokens":12345678901234567890}}`, `{"usage":{"prompt_tokens":4,"details":{"prompt_tokens":9}},"Usage":null}`,
+	`{"usage":{ "prompt_tokens" : 5 , "completion_tokens" : null }}`, `{"usage":{"prompt_tokens":123456789012345678}}`,
 	`{"id":"x","choices":[{"usage":{"prompt_tokens":99}}],"usage":{"prompt_tokens":12,"completion_tokens":5}}`,
 	`{"usage":null}`, `{"usage":5}`, `{"usage":{"prompt_tokens":"5"}}`, `{"usage":{"prompt_tokens":1.5}}`,
 	`{"usage":{"prompt_tokens":1e3}}`, `{"usage":{"completion_tokens":5}}`, `{"usage":{"prompt_tokens":99999999999999999999}}`,
