@@ -23,7 +23,8 @@
 // the job store is open, the pool and its tenants are loaded and the stored
 // jobs are queued again: the queues and buckets live in memory, so replicas
 // run active/passive (style 2.5). A leader that loses its Lease renewal
-// stays ready while it serves. /healthz is always served.
+// stays ready while it serves. /healthz is always served. The tokenizer's
+// vocabulary is loaded before the manager starts, so no request pays it.
 package scheduler
 
 import (
@@ -61,6 +62,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // shutdownTimeout bounds the graceful shutdown of an HTTP server (streams
@@ -263,6 +265,11 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		}); err != nil {
 			return err
 		}
+	}
+	// The tokenizer's vocabulary is loaded before the replica can be
+	// ready, so that no tenant's first request pays it.
+	if err := tokencount.Load(); err != nil {
+		return fmt.Errorf("loading the tokenizer: %w", err)
 	}
 	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
 		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", s.JobStorePath)

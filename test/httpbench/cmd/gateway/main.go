@@ -3,7 +3,8 @@
 // (internal/scheduler run.go): a registry on the real clock, a Prometheus
 // registry with the Go and process collectors and metrics.New on it, an
 // in-memory job store (the scheduler's default without a job store path),
-// gateway.New served by gateway.NewServer with its dispatcher (Gateway.Run).
+// gateway.New served by gateway.NewServer with its dispatcher (Gateway.Run),
+// the tokenizer's vocabulary loaded before it listens.
 //
 // The pool takes the API defaults of a ProviderPool (internal/kube
 // PoolPolicy: reserve 20%, cost model input 1 / output 4 / KV block 16
@@ -47,6 +48,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // TenantKey is the API key of tenant i; the harness (httpbench.TenantKey)
@@ -122,6 +124,10 @@ func run(addr, upstream string, tenants, conc int, cpuprofile, memprofile string
 	m := metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(clk.Now()) })
 	gw := gateway.New(gateway.Options{Registry: reg, Clock: clk, Metrics: m, Store: jobs.NewMemStore(clk, 0, 0),
 		UpstreamConcurrency: conc, Log: log.WithName("gateway")})
+	// As the scheduler does before it can be ready.
+	if err := tokencount.Load(); err != nil {
+		return err
+	}
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
