@@ -206,7 +206,7 @@ func (r *runner) topology(lat time.Duration, ps peerSet) ([]*Target, error) {
 }
 
 // warm sends d of load at rate to every target, not counted.
-func warm(ts []*Target, body []byte, rate int, d time.Duration) error {
+func warm(ts []*Target, body Body, rate int, d time.Duration) error {
 	for _, t := range ts {
 		var s Sample
 		if err := t.Attack(&s, body, rate, d); err != nil {
@@ -222,7 +222,7 @@ func (r *runner) ceiling(ctx context.Context) error {
 		return err
 	}
 	t := ts[0]
-	if err := warm(ts, SmallBody, r.Scale.CeilingLadder[0], r.Scale.Warm); err != nil {
+	if err := warm(ts, ChatBody, r.Scale.CeilingLadder[0], r.Scale.Warm); err != nil {
 		return err
 	}
 	best, n := 0, 0
@@ -231,7 +231,7 @@ func (r *runner) ceiling(ctx context.Context) error {
 			return ctx.Err()
 		}
 		var s Sample
-		if err := t.Attack(&s, SmallBody, rate, r.Scale.LadderStep); err != nil {
+		if err := t.Attack(&s, ChatBody, rate, r.Scale.LadderStep); err != nil {
 			return err
 		}
 		p99 := Percentile(s.Lat, 0.99)
@@ -255,7 +255,7 @@ func (r *runner) addedLatency(ctx context.Context, lat time.Duration) error {
 	if lat > 0 {
 		rate, dur = r.Scale.LatRate20, r.Scale.LatRoundDur20
 	}
-	if err := warm(ts, SmallBody, rate, r.Scale.Warm); err != nil {
+	if err := warm(ts, ChatBody, rate, r.Scale.Warm); err != nil {
 		return err
 	}
 	samples := make([]Sample, len(ts))
@@ -265,7 +265,7 @@ func (r *runner) addedLatency(ctx context.Context, lat time.Duration) error {
 				return ctx.Err()
 			}
 			var s Sample
-			if err := t.Attack(&s, SmallBody, rate, dur); err != nil {
+			if err := t.Attack(&s, ChatBody, rate, dur); err != nil {
 				return err
 			}
 			r.logf("round=%d/%d peer=%s rate=%d/s p50=%v p99=%v errors=%d", round+1, r.Scale.LatRounds, t.Peer, rate,
@@ -315,7 +315,7 @@ func (r *runner) frontier(ctx context.Context, lat time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if err := warm(ts, SmallBody, r.Scale.Ladder[0], r.Scale.Warm); err != nil {
+	if err := warm(ts, ChatBody, r.Scale.Ladder[0], r.Scale.Warm); err != nil {
 		return err
 	}
 	best := make([][]int, len(ts))
@@ -334,7 +334,7 @@ func (r *runner) frontier(ctx context.Context, lat time.Duration) error {
 				return ctx.Err()
 			}
 			var s Sample
-			if err := t.Attack(&s, SmallBody, rate, r.Scale.LadderStep); err != nil {
+			if err := t.Attack(&s, ChatBody, rate, r.Scale.LadderStep); err != nil {
 				return err
 			}
 			n[i] += s.N
@@ -482,7 +482,7 @@ func (r *runner) usage1MB(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := warm(ts, LargeBody, r.Scale.UsageRate, r.Scale.Warm); err != nil {
+	if err := warm(ts, Fixed(LargeBody), r.Scale.UsageRate, r.Scale.Warm); err != nil {
 		return err
 	}
 	samples := make([]Sample, len(ts))
@@ -492,7 +492,7 @@ func (r *runner) usage1MB(ctx context.Context) error {
 				return ctx.Err()
 			}
 			var s Sample
-			if err := t.Attack(&s, LargeBody, r.Scale.UsageRate, r.Scale.UsageRoundDur); err != nil {
+			if err := t.Attack(&s, Fixed(LargeBody), r.Scale.UsageRate, r.Scale.UsageRoundDur); err != nil {
 				return err
 			}
 			r.logf("round=%d/%d peer=%s rate=%d/s p99=%v errors=%d", round+1, r.Scale.UsageRounds, t.Peer, r.Scale.UsageRate,
@@ -555,7 +555,7 @@ func (r *runner) memory(ctx context.Context) error {
 				}
 			}
 		})
-		err := t.Attack(&s, SmallBody, r.Scale.MemRate, r.Scale.MemLoad)
+		err := t.Attack(&s, ChatBody, r.Scale.MemRate, r.Scale.MemLoad)
 		close(stop)
 		wg.Wait()
 		if err != nil {

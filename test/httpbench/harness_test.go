@@ -3,6 +3,7 @@ package httpbench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"math"
 	"os"
 	"strings"
@@ -11,6 +12,22 @@ import (
 
 	"golang.org/x/perf/benchfmt"
 )
+
+// TestChatBody: the small chat request is valid JSON with the fixed
+// system prompt and a user message that carries its number.
+func TestChatBody(t *testing.T) {
+	want := `{"model":"sim","messages":[{"role":"system","content":"You are a concise assistant for a finance team."},` +
+		`{"role":"user","content":"Summarise quarterly report 7 in three bullet points."}],"max_tokens":64}`
+	if got := string(ChatBody(7)); got != want {
+		t.Fatalf("ChatBody(7) = %s", got)
+	}
+	if !json.Valid(ChatBody(12345)) || bytes.Equal(ChatBody(1), ChatBody(2)) {
+		t.Fatal("bodies must be valid JSON and differ per request")
+	}
+	if b := Fixed([]byte("x"))(9); string(b) != "x" {
+		t.Fatalf("Fixed: %q", b)
+	}
+}
 
 // TestPercentile checks the nearest-rank percentiles on 1..100 ms.
 func TestPercentile(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -30,9 +31,22 @@ const ZipfS = 1.1
 // cmd/gateway's TenantKey).
 func TenantKey(i int) string { return fmt.Sprintf("sk-bench-tenant-%d", i) }
 
-// SmallBody is the small chat request of the latency and throughput
-// experiments (max_tokens 64).
-var SmallBody = []byte(`{"model":"sim","messages":[{"role":"user","content":"Summarise the quarterly report in three bullet points."}],"max_tokens":64}`)
+// Body gives the body of request n (counted from 1 per target) of a load.
+type Body func(n uint64) []byte
+
+// Fixed returns the Body that is b for every request.
+func Fixed(b []byte) Body { return func(uint64) []byte { return b } }
+
+// ChatBody is the small chat request of the latency, throughput and memory
+// experiments (max_tokens 64): a fixed system prompt and a user message
+// numbered per request, as in real chat traffic, where the system prompt
+// repeats and the user's text does not. The gateway therefore counts the
+// user message's tokens on every request; its per-tenant count cache
+// (tokencount.Cache) serves only the system prompt.
+func ChatBody(n uint64) []byte {
+	return fmt.Appendf(nil, `{"model":"sim","messages":[{"role":"system","content":"You are a concise assistant for a finance team."},`+
+		`{"role":"user","content":"Summarise quarterly report %d in three bullet points."}],"max_tokens":64}`, n)
+}
 
 // LargeBody asks the mock for its ≈1 MiB chat.completion (model sim-1mb).
 var LargeBody = []byte(`{"model":"sim-1mb","messages":[{"role":"user","content":"Write a long essay."}],"max_tokens":64}`)
@@ -83,6 +97,8 @@ type Target struct {
 	Tenants int
 
 	keys *keys
+	// seq numbers the requests sent to the peer (Body).
+	seq atomic.Uint64
 	// load is the keep-alive client of the fixed-rate loads (timeout
 	// RequestTimeout), shared by the successive vegeta attackers so that
 	// connections are reused; client that of the streams (no timeout).
@@ -105,7 +121,7 @@ func newTransport() *http.Transport {
 // Probe sends one small request with the load's client and fails unless
 // it is answered 200.
 func (t *Target) Probe() error {
-	req, err := http.NewRequest(http.MethodPost, t.URL+"/v1/chat/completions", bytes.NewReader(SmallBody))
+	req, err := http.NewRequest(http.MethodPost, t.URL+"/v1/chat/completions", bytes.NewReader(ChatBody(t.seq.Add(1))))
 	if err != nil {
 		return err
 	}
@@ -143,13 +159,13 @@ type Sample struct {
 	FirstErr string
 }
 
-// Attack sends rate requests a second of body to the peer's chat
-// completions endpoint for d (open loop, vegeta's constant pacer) and adds
-// the outcome and the peer's CPU time to s.
-func (t *Target) Attack(s *Sample, body []byte, rate int, d time.Duration) error {
+// Attack sends rate requests a second to the peer's chat completions
+// endpoint for d (open loop, vegeta's constant pacer), request n with body
+// body(n), and adds the outcome and the peer's CPU time to s.
+func (t *Target) Attack(s *Sample, body Body, rate int, d time.Duration) error {
 	url := t.URL + "/v1/chat/completions"
 	tr := func(tg *vegeta.Target) error {
-		tg.Method, tg.URL, tg.Body = http.MethodPost, url, body
+		tg.Method, tg.URL, tg.Body = http.MethodPost, url, body(t.seq.Add(1))
 		tg.Header = http.Header{"Content-Type": {"application/json"}, "Authorization": {t.keys.next()}}
 		return nil
 	}
