@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -327,4 +328,32 @@ func FuzzDecodeMessage(f *testing.F) {
 			t.Fatalf("got %q %q, json.Unmarshal %q %q", got.Name, got.Content, want.Name, want.Content)
 		}
 	})
+}
+
+// TestDecodeRequestFieldsAllocatesNothing: reading a body's members
+// allocates nothing, whatever their number: 8 MiB of duplicate members, of
+// escaped keys, or of escaped field names (each once cost 16 bytes of
+// span and, when escaped, a json.Unmarshal of the key: hundreds of MB for
+// one request); the last duplicate still wins.
+func TestDecodeRequestFieldsAllocatesNothing(t *testing.T) {
+	for name, c := range map[string]struct {
+		body []byte
+		n    string
+	}{
+		"duplicates":     {[]byte(`{` + strings.Repeat(`"n":0,`, (8<<20)/6) + `"n":7}`), "7"},
+		"escaped keys":   {[]byte(`{` + strings.Repeat(`"\n":0,`, (8<<20)/7) + `"n":3}`), "3"},
+		"escaped fields": {[]byte(`{` + strings.Repeat(`"\u006e":1,`, (8<<20)/11) + `"\u006E":2}`), "2"},
+		"small request":  {[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"n":5}`), "5"},
+	} {
+		var f requestFields
+		allocs := testing.AllocsPerRun(2, func() {
+			f = requestFields{}
+			if !decodeRequestFields(c.body, &f) {
+				t.Fatalf("%s: refused", name)
+			}
+		})
+		if allocs != 0 || string(f.n) != c.n {
+			t.Errorf("%s: %v allocations, n = %s (want 0, %s)", name, allocs, f.n, c.n)
+		}
+	}
 }

@@ -28,7 +28,7 @@ const maxJSONDepth = 10000
 // body is only scanned. Memory: O(depth) besides the members kept.
 func scanResponseJSON(b []byte) (u limiter.Usage, ok bool) {
 	var cands [][2]int // key start, value end of candidate top-level members
-	ok, obj := scanJSON(b, usageKeyCandidate, &cands)
+	ok, obj := scanJSON(b, usageKeyCandidate, func(c [2]int) { cands = append(cands, c) })
 	if !ok || !obj || len(cands) == 0 {
 		// A valid body that is not an object, or an object without a
 		// usage member, has no usage (json.Unmarshal into a struct fails or
@@ -146,11 +146,11 @@ func usageKeyCandidate(k []byte) bool {
 
 // scanJSON reports whether b is one valid JSON value (encoding/json.Valid's
 // grammar and depth limit) and whether it is an object; for an object it
-// appends to cands the span (from the key's opening quote to the end of the
-// value) of every top-level member whose raw key (between the quotes, still
-// escaped) keep accepts. It is iterative: the container stack is one byte
-// per level.
-func scanJSON(b []byte, keep func(key []byte) bool, cands *[][2]int) (ok, object bool) {
+// calls found, in order, with the span (from the key's opening quote to the
+// end of the value) of every top-level member whose raw key (between the
+// quotes, still escaped) keep accepts (found may be called before b turns
+// out invalid). It is iterative: the container stack is one byte per level.
+func scanJSON(b []byte, keep func(key []byte) bool, found func(span [2]int)) (ok, object bool) {
 	var stack []byte // '{' or '[' per open container
 	var small [64]byte
 	stack = small[:0]
@@ -219,7 +219,7 @@ value:
 end:
 	// A value ended at i.
 	if len(stack) == 1 && member >= 0 {
-		*cands = append(*cands, [2]int{member, i})
+		found([2]int{member, i})
 		member = -1
 	}
 	i = skipJSONSpace(b, i)

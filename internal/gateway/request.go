@@ -86,8 +86,8 @@ func (f *requestFields) set(key string, value json.RawMessage) {
 
 // requestKeyCandidate reports whether the raw (still escaped) top-level key
 // k may name a member requestFields keeps: one of its names as written, or
-// any key with an escape (which may unescape to one). scanJSON keeps the
-// spans of these members only.
+// any key with an escape (which may unescape to one). It is a cheap filter
+// before requestKeyName.
 func requestKeyCandidate(k []byte) bool {
 	switch string(k) {
 	case "model", "stream", "stream_options", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n":
@@ -96,32 +96,67 @@ func requestKeyCandidate(k []byte) bool {
 	return bytes.IndexByte(k, '\\') >= 0
 }
 
+// requestKeyName returns the raw key k unescaped into buf when it may name a
+// requestFields member: every character in [a-z_], written as is or as the
+// escape \u00XX (the only JSON escape that yields them: RFC 8259 section
+// 7), at most len(buf) of them; ok is false for any other key, which names
+// no member. It allocates nothing, whatever the number of members (a body
+// of 8 MiB of escaped keys once cost hundreds of MB through json.Unmarshal
+// of each key).
+func requestKeyName(k []byte, buf *[24]byte) (name []byte, ok bool) {
+	n := 0
+	for i := 0; i < len(k); {
+		c := k[i]
+		if c == '\\' {
+			if len(k)-i < 6 || k[i+1] != 'u' || k[i+2] != '0' || k[i+3] != '0' {
+				return nil, false
+			}
+			hi, lo := hexValue(k[i+4]), hexValue(k[i+5])
+			if hi < 0 || lo < 0 {
+				return nil, false
+			}
+			c, i = byte(hi<<4|lo), i+6
+		} else {
+			i++
+		}
+		if n == len(buf) || !(c == '_' || 'a' <= c && c <= 'z') {
+			return nil, false
+		}
+		buf[n] = c
+		n++
+	}
+	return buf[:n], true
+}
+
+// hexValue is the value of the hexadecimal digit c, or -1.
+func hexValue(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
 // decodeRequestFields validates body as one JSON object (encoding/json's
 // grammar, scanJSON) and reads the members requestFields keeps, in one
-// pass and without building a map of every member; ok is false when body
-// is not valid JSON or not an object.
+// pass, without building a map of every member and without allocating per
+// member (a body of many duplicate or escaped keys costs no more than any
+// other of its size); ok is false when body is not valid JSON or not an
+// object (f may then be partly set).
 func decodeRequestFields(body []byte, f *requestFields) (ok bool) {
-	var spans [16][2]int
-	cands := spans[:0]
-	valid, obj := scanJSON(body, requestKeyCandidate, &cands)
-	if !valid || !obj {
-		return false
-	}
-	for _, c := range cands {
-		ke := scanJSONString(body, c[0]+1) // just past the key's closing quote
-		rawKey := body[c[0]+1 : ke-1]
+	var buf [24]byte
+	valid, obj := scanJSON(body, requestKeyCandidate, func(c [2]int) {
+		ke := scanJSONString(body, c[0]+1)                   // just past the key's closing quote
 		vs := skipJSONSpace(body, skipJSONSpace(body, ke)+1) // past the colon
-		value := json.RawMessage(body[vs:c[1]])
-		if bytes.IndexByte(rawKey, '\\') < 0 {
-			f.set(string(rawKey), value)
-			continue
+		if name, ok := requestKeyName(body[c[0]+1:ke-1], &buf); ok {
+			f.set(string(name), json.RawMessage(body[vs:c[1]]))
 		}
-		var key string
-		if json.Unmarshal(body[c[0]:ke], &key) == nil {
-			f.set(key, value)
-		}
-	}
-	return true
+	})
+	return valid && obj
 }
 
 // codeBodyTimeout refuses a request whose body was not received within the
