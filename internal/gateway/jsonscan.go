@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
-	"unicode/utf8"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 )
@@ -79,13 +78,7 @@ func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
 	// As usageJSON: set (and the value) of each field.
 	var hasP, hasC bool
 	var pv, cv int64
-	i := skipJSONSpace(v, 1)
-	for i < len(v) && v[i] == '"' {
-		ke := scanJSONString(v, i+1)
-		key := v[i+1 : ke-1]
-		vs := skipJSONSpace(v, skipJSONSpace(v, ke)+1)
-		ve := nextJSONValue(v, vs)
-		val := v[vs:ve]
+	plain := eachMember(v, func(key, val []byte) bool {
 		var has *bool
 		var dst *int64
 		switch {
@@ -94,25 +87,19 @@ func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
 		case asciiEqualFold(key, "completion_tokens"):
 			has, dst = &hasC, &cv
 		default:
-			for _, ch := range key {
-				if ch == '\\' || ch >= utf8.RuneSelf {
-					return limiter.Usage{}, false
-				}
-			}
+			return plainASCIIKey(key)
 		}
-		if has != nil {
-			if string(val) == "null" {
-				*has = false
-			} else if n, ok := plainJSONInt(val); ok {
-				*has, *dst = true, n
-			} else {
-				return limiter.Usage{}, false
-			}
+		if string(val) == "null" {
+			*has = false
+		} else if n, ok := plainJSONInt(val); ok {
+			*has, *dst = true, n
+		} else {
+			return false
 		}
-		i = skipJSONSpace(v, ve)
-		if i < len(v) && v[i] == ',' {
-			i = skipJSONSpace(v, i+1)
-		}
+		return true
+	})
+	if !plain {
+		return limiter.Usage{}, false
 	}
 	if !hasP {
 		return limiter.Usage{}, true

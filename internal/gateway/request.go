@@ -516,16 +516,7 @@ func decodeMessagePlain(raw []byte, m *tokencount.Message) bool {
 	if len(raw) == 0 || raw[0] != '{' {
 		return false
 	}
-	i := skipJSONSpace(raw, 1)
-	for i < len(raw) && raw[i] == '"' {
-		ke := scanJSONString(raw, i+1)
-		if ke < 0 {
-			return false
-		}
-		key := raw[i+1 : ke-1]
-		vs := skipJSONSpace(raw, skipJSONSpace(raw, ke)+1) // past the colon
-		ve := nextJSONValue(raw, vs)
-		value := raw[vs:ve]
+	return eachMember(raw, func(key, value []byte) bool {
 		switch {
 		case asciiEqualFold(key, "content"):
 			m.Content = json.RawMessage(value)
@@ -538,15 +529,44 @@ func decodeMessagePlain(raw []byte, m *tokencount.Message) bool {
 				m.Name = s
 			}
 		default:
-			for _, c := range key {
-				if c == '\\' || c >= utf8.RuneSelf {
-					return false
-				}
-			}
+			return plainASCIIKey(key)
 		}
-		i = skipJSONSpace(raw, ve)
-		if i < len(raw) && raw[i] == ',' {
-			i = skipJSONSpace(raw, i+1)
+		return true
+	})
+}
+
+// eachMember calls f with the raw key (between the quotes, still escaped)
+// and the value of every member of obj, an object of a body scanJSON has
+// validated, in order, and stops when f returns false; it reports whether
+// every call returned true.
+func eachMember(obj []byte, f func(key, value []byte) bool) bool {
+	i := skipJSONSpace(obj, 1)
+	for i < len(obj) && obj[i] == '"' {
+		ke := scanJSONString(obj, i+1)
+		if ke < 0 {
+			return false
+		}
+		vs := skipJSONSpace(obj, skipJSONSpace(obj, ke)+1) // past the colon
+		ve := nextJSONValue(obj, vs)
+		if !f(obj[i+1:ke-1], obj[vs:ve]) {
+			return false
+		}
+		i = skipJSONSpace(obj, ve)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipJSONSpace(obj, i+1)
+		}
+	}
+	return true
+}
+
+// plainASCIIKey reports whether the raw key k has neither an escape nor a
+// non-ASCII byte, so that it can match a struct field only by ASCII case
+// folding (encoding/json also folds some non-ASCII letters, such as the
+// Kelvin sign to k).
+func plainASCIIKey(k []byte) bool {
+	for _, c := range k {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return false
 		}
 	}
 	return true
