@@ -57,6 +57,20 @@ type dispatcher struct {
 	seq    atomic.Int64
 	wg     sync.WaitGroup
 
+	// jobsWaiting is true from the start of a pass until a pass ends with
+	// the fair queue empty. A call that ends (Gateway.release) wakes the
+	// loop only while it is true: its freed upstream slot or tenant
+	// concurrency can start nothing when no job is queued, and a pass per
+	// interactive call (a goroutine wake-up, often a thread's) was the
+	// largest part of the gateway's own cost per small call. A job queued
+	// later wakes the loop itself (Gateway.submit, requeue, retry, recover).
+	// Stored at a pass's start, before it reads the free slots, and loaded
+	// by release after it frees one, so a slot freed during a pass is
+	// either seen by that pass or followed by a wake.
+	jobsWaiting atomic.Bool
+	// passes counts the loop's passes (tests).
+	passes atomic.Int64
+
 	mu      sync.Mutex
 	retries map[string]retry
 
@@ -86,7 +100,9 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	return &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
+	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
+	d.jobsWaiting.Store(true) // until the first pass looks
+	return d
 }
 
 // unholdLocked releases the bound slot of one job of tenant taken out by
@@ -125,6 +141,14 @@ func (d *dispatcher) forget(id string) {
 // queue lock must be held.
 func (d *dispatcher) queuedLocked(q *fairqueue.Queue, tenant string) int {
 	return q.Len(tenant) + d.held[tenant]
+}
+
+// wakeIfWaiting wakes the loop when jobs may be waiting for what a call
+// just released (a slot, tenant concurrency): see jobsWaiting.
+func (d *dispatcher) wakeIfWaiting() {
+	if d.jobsWaiting.Load() {
+		d.wake()
+	}
 }
 
 // wake asks the loop for a pass (non-blocking, coalesced).
@@ -181,6 +205,8 @@ type doomed struct {
 // should wake up by itself (zero: only when woken).
 func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	g := d.g
+	d.passes.Add(1)
+	d.jobsWaiting.Store(true)
 	now := g.clock.Now()
 
 	// Backoffs that have passed: back at the tenant's head.
@@ -310,7 +336,12 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 		}
 	}
 	var total int
-	g.reg.WithQueue(func(q *fairqueue.Queue) { total = q.Total() })
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		// Under the queue lock: a job enqueued after this read wakes the
+		// loop itself.
+		total = q.Total()
+		d.jobsWaiting.Store(total > 0)
+	})
 	if total > 0 {
 		wakeAt = earliest(wakeAt, now.Add(sweepInterval))
 	}

@@ -396,10 +396,11 @@ func (g *Gateway) tryAcquire() bool {
 	}
 }
 
-// release returns an upstream concurrency slot and wakes the dispatcher.
+// release returns an upstream concurrency slot and wakes the dispatcher
+// when jobs may be waiting for it (dispatcher.jobsWaiting).
 func (g *Gateway) release() {
 	g.releaseQuiet()
-	g.dispatch.wake()
+	g.dispatch.wakeIfWaiting()
 }
 
 // releaseQuiet returns a slot taken by an admission that was refused right
