@@ -458,7 +458,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	}
 	g.upstreamCalls.Add(1)
 	sent := g.clock.Now()
-	resp, err := g.client.Do(req)
+	resp, err := g.transport.RoundTrip(req)
 	now := g.clock.Now()
 	g.metrics.ObserveUpstream(c.model.Name, now.Sub(sent))
 	if err != nil {

@@ -151,8 +151,14 @@ type Options struct {
 	// UpstreamConcurrency bounds calls in flight to the provider,
 	// interactive and batch together; <= 0 means 64.
 	UpstreamConcurrency int
-	// Client calls the provider; nil uses a pooled transport.
-	Client *http.Client
+	// Transport makes the calls to the provider; nil uses a pooled
+	// http.Transport sized to UpstreamConcurrency. The gateway calls its
+	// RoundTrip directly, as a reverse proxy does (httputil.ReverseProxy):
+	// a provider's redirect is not followed but answered like any other
+	// non-2xx status (relayed to an interactive caller with a full refund;
+	// a batch job fails with it), and no request headers are copied per
+	// call for a redirect.
+	Transport http.RoundTripper
 	// Log receives operational messages (never keys or bodies).
 	Log logr.Logger
 	// MaxBodyBytes bounds request bodies; <= 0 means 8 MiB.
@@ -172,16 +178,16 @@ type Options struct {
 
 // Gateway serves the data plane of one pool.
 type Gateway struct {
-	reg     *registry.Registry
-	store   jobs.Store
-	clock   clock.WithTicker
-	metrics *metrics.Metrics
-	key     string
-	client  *http.Client
-	log     logr.Logger
-	maxBody int64
-	maxResp int64
-	rand    func() float64
+	reg       *registry.Registry
+	store     jobs.Store
+	clock     clock.WithTicker
+	metrics   *metrics.Metrics
+	key       string
+	transport http.RoundTripper
+	log       logr.Logger
+	maxBody   int64
+	maxResp   int64
+	rand      func() float64
 	// bodyRead bounds reading a request body; writeStall each write of a
 	// response (real time).
 	bodyRead, writeStall time.Duration
@@ -226,8 +232,8 @@ func New(o Options) *Gateway {
 	if o.UpstreamConcurrency <= 0 {
 		o.UpstreamConcurrency = DefaultUpstreamConcurrency
 	}
-	if o.Client == nil {
-		o.Client = &http.Client{Transport: newTransport(o.UpstreamConcurrency)}
+	if o.Transport == nil {
+		o.Transport = newTransport(o.UpstreamConcurrency)
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
@@ -243,7 +249,7 @@ func New(o Options) *Gateway {
 	}
 	g := &Gateway{
 		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.ProviderKey,
-		client: o.Client, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
+		transport: o.Transport, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
 		bodyRead: o.BodyReadTimeout, writeStall: o.WriteStallTimeout,
 		sem:    make(chan struct{}, o.UpstreamConcurrency),
 		counts: tokencount.NewCache(tokencount.DefaultCacheSlots),
