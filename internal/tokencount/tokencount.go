@@ -45,7 +45,10 @@ func Load() error {
 }
 
 // Text returns the number of cl100k_base tokens in s. It fails only if the
-// embedded vocabulary cannot be loaded.
+// embedded vocabulary cannot be loaded. s is Unicode text in UTF-8, as
+// tiktoken takes (the gateway's texts are decoded from JSON); for bytes
+// that are not UTF-8 the count is whatever the pattern engine makes of
+// them, and has changed between its versions (TestTextMatchesGolden).
 func Text(s string) (int64, error) {
 	if s == "" {
 		return 0, nil
