@@ -103,7 +103,7 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		// A shadow reservation charges nothing (DryRun).
 		g.dryRunRejection(t, string(dr.Reason))
 	} else {
-		g.metrics.Tenant(t).Charged().Add(float64(cost.Weighted))
+		g.metrics.Tenant(t).Charged().Add(cost.Weighted)
 	}
 	if !g.tryAcquire() {
 		g.refunded(t, res.Cancel(now))
@@ -147,10 +147,10 @@ func (g *Gateway) refunded(t *registry.Tenant, s limiter.Settlement) {
 		return
 	}
 	if s.RefundedWeighted > 0 {
-		g.metrics.Tenant(t).Refunded().Add(float64(s.RefundedWeighted))
+		g.metrics.Tenant(t).Refunded().Add(s.RefundedWeighted)
 	}
 	if s.UsedWeighted > 0 {
-		g.metrics.Tenant(t).Used().Add(float64(s.UsedWeighted))
+		g.metrics.Tenant(t).Used().Add(s.UsedWeighted)
 	}
 }
 

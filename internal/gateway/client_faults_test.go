@@ -167,6 +167,13 @@ func (e *clientEnv) counter(c *prometheus.CounterVec, labels ...string) int64 {
 	return int64(testutil.ToFloat64(c.WithLabelValues(labels...)))
 }
 
+// tenantCount is the tenant's count in the series pick chooses (such as
+// (*metrics.TenantSeries).Charged); 0 when it was never counted.
+func (e *clientEnv) tenantCount(id string, pick func(*metrics.TenantSeries) *metrics.TenantCounter) int64 {
+	n, _ := pick(e.gw.metrics.Tenant(e.reg.Tenant(id))).Value()
+	return n
+}
+
 // waitOutcomes waits until n requests of tenant have their outcome counted
 // in requests_total: a handler counts the outcome after it settles the
 // call, so a test that waited for the settlement may look too early.
@@ -236,7 +243,7 @@ func TestClientDisconnectMidStream(t *testing.T) {
 		t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
 	}
 	charged := prompt + 4*1000
-	if got := e.counter(e.gw.metrics.ChargedTokens, "a"); got != charged {
+	if got := e.tenantCount("a", (*metrics.TenantSeries).Charged); got != charged {
 		t.Fatalf("charged %d, want %d", got, charged)
 	}
 	if s := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()); s.InFlight != 1 || s.KVBlocks == 0 {
@@ -255,8 +262,8 @@ func TestClientDisconnectMidStream(t *testing.T) {
 		t.Fatalf("upstream call not cancelled: cancelled %d, succeeded %d", up.cancelled.Load(), up.sim.Stats().Succeeded)
 	}
 	simSent := up.sim.Stats().CompletionTokens // frames the simulator generated before the cancel
-	used := e.counter(e.gw.metrics.UsedTokens, "a")
-	refunded := e.counter(e.gw.metrics.RefundedTokens, "a")
+	used := e.tenantCount("a", (*metrics.TenantSeries).Used)
+	refunded := e.tenantCount("a", (*metrics.TenantSeries).Refunded)
 	out := (used - prompt) / 4
 	// Each simulator frame is one cl100k token: the gateway counted the
 	// frames it read, at least those the client got, at most those sent.
@@ -316,7 +323,7 @@ func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 	if up.cancelled.Load() != 2 {
 		t.Fatalf("upstream calls cancelled %d, want 2", up.cancelled.Load())
 	}
-	if used := e.counter(e.gw.metrics.UsedTokens, "a"); used != 0 {
+	if used := e.tenantCount("a", (*metrics.TenantSeries).Used); used != 0 {
 		t.Fatalf("used %d, want 0 (full refund)", used)
 	}
 	if left := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).TokensRemaining; left != burst {
@@ -397,7 +404,7 @@ func TestClientSlowReaderBoundedMemory(t *testing.T) {
 		t.Fatalf("the simulator wrote %d of the stream's %d bytes without the client reading: no backpressure", last, total)
 	}
 	e.settledIdle(t, "a")
-	if used, want := e.counter(e.gw.metrics.UsedTokens, "a"), promptEstimate(t)+4*frames; used != want {
+	if used, want := e.tenantCount("a", (*metrics.TenantSeries).Used), promptEstimate(t)+4*frames; used != want {
 		t.Fatalf("used %d, want %d", used, want)
 	}
 }
@@ -419,7 +426,7 @@ func TestClientStalledReaderIsCutOff(t *testing.T) {
 	if up.cancelled.Load() != 1 {
 		t.Fatal("upstream call not cancelled")
 	}
-	used := e.counter(e.gw.metrics.UsedTokens, "a")
+	used := e.tenantCount("a", (*metrics.TenantSeries).Used)
 	if prompt := promptEstimate(t); used <= prompt || used >= prompt+4*frames || (used-prompt)%4 != 0 {
 		t.Fatalf("used %d, want prompt %d + 4 x (frames forwarded < %d)", used, prompt, frames)
 	}
@@ -777,7 +784,7 @@ func TestClientUploadBrokenOffOrSlow(t *testing.T) {
 	if err != nil || len(list) != 0 || e.reg.Snapshot(e.clock.Now()).Backlog != 0 {
 		t.Fatalf("jobs stored %d (err %v), backlog %d", len(list), err, e.reg.Snapshot(e.clock.Now()).Backlog)
 	}
-	if up.sim.Stats().Requests != 0 || e.counter(e.gw.metrics.ChargedTokens, "a") != 0 {
+	if up.sim.Stats().Requests != 0 || e.tenantCount("a", (*metrics.TenantSeries).Charged) != 0 {
 		t.Fatal("a broken upload was sent or charged")
 	}
 }

@@ -53,7 +53,7 @@ func TestReviewDryRunBudgetRefusalChargesNothing(t *testing.T) {
 	if got := e.tokensLeft("a"); got != 9_500 {
 		t.Errorf("bucket = %d, want 9500: Enforce would have refused the second call, so DryRun must not charge it", got)
 	}
-	if got := testutil.ToFloat64(e.gw.metrics.ChargedTokens.WithLabelValues("a")); got != 500 {
+	if got, _ := e.gw.metrics.Tenant(e.reg.Tenant("a")).Charged().Value(); got != 500 {
 		t.Errorf("charged_weighted_tokens_total = %v, want 500", got)
 	}
 }

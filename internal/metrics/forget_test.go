@@ -24,14 +24,16 @@ func TestTenantSeriesNotRecreatedAfterForget(t *testing.T) {
 		t.Fatal(err)
 	}
 	ten := reg.Tenant("a")
-	m := New(prometheus.NewRegistry(), nil)
+	prom := prometheus.NewRegistry()
+	m := New(prom, nil)
 	s := m.Tenant(ten)
 	s.Charged().Add(5) // only this slot is filled before the removal
 	reg.RemoveTenant("a")
 	m.ForgetTenant("a")
 	s.Used().Add(1)
 	s.Admitted(ClassBatch).Inc()
-	if n := testutil.CollectAndCount(m.UsedTokens) + testutil.CollectAndCount(m.Admitted); n != 0 {
-		t.Errorf("series of removed tenant a re-created after ForgetTenant: %d, want 0", n)
+	if n, err := testutil.GatherAndCount(prom, "fairshare_scheduler_charged_weighted_tokens_total",
+		"fairshare_scheduler_used_weighted_tokens_total", "fairshare_scheduler_admitted_requests_total"); err != nil || n != 0 {
+		t.Errorf("series of removed tenant a re-created after ForgetTenant: %d (%v), want 0", n, err)
 	}
 }

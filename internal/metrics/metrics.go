@@ -65,18 +65,6 @@ type Metrics struct {
 	UpstreamResponses *prometheus.CounterVec
 	// UpstreamThrottled counts provider 429 responses by model.
 	UpstreamThrottled *prometheus.CounterVec
-	// ChargedTokens counts weighted tokens charged at admission, by tenant.
-	ChargedTokens *prometheus.CounterVec
-	// RefundedTokens counts weighted tokens refunded at settlement, by tenant.
-	RefundedTokens *prometheus.CounterVec
-	// UsedTokens counts weighted tokens used, as settled (the provider's
-	// usage prompt*w_in + completion*w_out, or the charge when the usage is
-	// unknown, BC-28a), by tenant.
-	UsedTokens *prometheus.CounterVec
-	// Admitted counts upstream calls admitted (charged, or shadow-charged
-	// for a DryRun tenant), by tenant and class (ClassInteractive,
-	// ClassBatch); a batch job counts once per attempt.
-	Admitted *prometheus.CounterVec
 	// UpstreamDuration observes, by model, the time from sending an
 	// upstream call to its response headers (or to the transport error), in
 	// seconds, measured with the gateway's clock.
@@ -102,6 +90,14 @@ type Metrics struct {
 	// upstreamDuration (model to prometheus.Observer) and upstreamResponses
 	// (upstreamKey to prometheus.Counter) cache the per-model series.
 	upstreamDuration, upstreamResponses sync.Map
+
+	// mu guards series: the TenantSeries of each tenant id, whose counters
+	// of charged, refunded and used weighted tokens and of admitted calls
+	// (charged_weighted_tokens_total, refunded_weighted_tokens_total,
+	// used_weighted_tokens_total, admitted_requests_total) are exported
+	// by tenantCollector at scrape time.
+	mu     sync.Mutex
+	series map[string]*TenantSeries
 }
 
 // New builds the metrics and registers them, with a scrape-time collector
@@ -124,21 +120,6 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 		UpstreamThrottled: prometheus.NewCounterVec(opts("upstream_throttled_total",
 			"Provider 429 responses by model; each pauses the model's throttle."),
 			[]string{"model"}),
-		ChargedTokens: prometheus.NewCounterVec(opts("charged_weighted_tokens_total",
-			"Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant."),
-			[]string{"tenant"}),
-		RefundedTokens: prometheus.NewCounterVec(opts("refunded_weighted_tokens_total",
-			"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call "+
-				"that failed before the provider counted it), by tenant."),
-			[]string{"tenant"}),
-		UsedTokens: prometheus.NewCounterVec(opts("used_weighted_tokens_total",
-			"Weighted tokens used, as settled (the provider's usage prompt*w_in + completion*w_out, or the charge "+
-				"when the usage is unknown; 0 for a call refunded in full), by tenant."),
-			[]string{"tenant"}),
-		Admitted: prometheus.NewCounterVec(opts("admitted_requests_total",
-			"Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class "+
-				"(interactive, or batch: once per dispatch attempt of a job)."),
-			[]string{"tenant", "class"}),
 		UpstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "upstream_request_duration_seconds",
 			Help: "Time from sending an upstream call to its response headers, by model, in seconds; " +
@@ -170,8 +151,8 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 				"negative, NaN, out of range or unparsable; the throttle falls back to its other figures or defaults."),
 			[]string{"model"}),
 	}
-	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, m.ChargedTokens,
-		m.RefundedTokens, m.UsedTokens, m.Admitted, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
+	m.series = map[string]*TenantSeries{}
+	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, tenantCollector{m}, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
 		m.UpstreamHeadersMalformed)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
@@ -183,44 +164,96 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 // TenantQuota was removed), so a deleted tenant leaves no series behind; its
 // gauges go with it since they are read from the snapshot.
 func (m *Metrics) ForgetTenant(tenant string) {
+	m.mu.Lock()
+	delete(m.series, tenant)
+	m.mu.Unlock()
 	l := prometheus.Labels{"tenant": tenant}
-	for _, v := range []*prometheus.CounterVec{m.Requests, m.ChargedTokens, m.RefundedTokens, m.UsedTokens,
-		m.Admitted, m.JobsExpired, m.DryRunRejections} {
+	for _, v := range []*prometheus.CounterVec{m.Requests, m.JobsExpired, m.DryRunRejections} {
 		v.DeletePartialMatch(l)
 	}
 }
 
-// TenantSeries holds one tenant's counter series of a Metrics, each looked
-// up once (CounterVec.WithLabelValues hashes the labels and takes the
-// vector's lock on every call) and then kept with the tenant
-// (registry.Tenant.Attach), so that it is dropped with the tenant. Each
-// series is created on its first use, as WithLabelValues would create it:
-// the exposition is the same. Safe for concurrent use.
+// TenantCounter is one tenant's counter series of a whole number (weighted
+// tokens, calls), kept in the tenant's TenantSeries and exported by the
+// Metrics' collector at scrape time: a CounterVec child per tenant and
+// series (its label pairs, created timestamp and vector map entry: about
+// 270 bytes of pointers for the collector to trace, and a dozen
+// allocations on the tenant's first call) costs more than the count
+// itself. The series appears with its first count, as a vector's child
+// does, with the time of that count as its created timestamp. Safe for
+// concurrent use.
+type TenantCounter struct {
+	n atomic.Int64
+	// created is the Unix time in nanoseconds of the first count (the
+	// wall clock, as a vector's child takes it); 0 until then (the series
+	// is not exported).
+	created atomic.Int64
+}
+
+// Add adds n >= 0 (a negative n is ignored: a counter never decreases).
+func (c *TenantCounter) Add(n int64) {
+	if n < 0 {
+		return
+	}
+	if c.created.Load() == 0 {
+		c.created.CompareAndSwap(0, time.Now().UnixNano())
+	}
+	c.n.Add(n)
+}
+
+// Inc adds 1.
+func (c *TenantCounter) Inc() { c.Add(1) }
+
+// Value returns the count and whether the series exists (counted at least
+// once).
+func (c *TenantCounter) Value() (int64, bool) {
+	return c.n.Load(), c.created.Load() != 0
+}
+
+// TenantSeries holds one tenant's counter series of a Metrics, kept with
+// the tenant (registry.Tenant.Attach) so a call finds them without a
+// lookup. Charged, refunded and used weighted tokens and admitted calls are
+// TenantCounters; requests_total{outcome="ok"} is the Requests vector's
+// child, looked up once. A removed tenant's counts are dropped: ForgetTenant
+// forgets its series, and a count after that creates none. Safe for
+// concurrent use.
 type TenantSeries struct {
 	m  *Metrics
 	t  *registry.Tenant
 	id string
-	// Series of the outcomes of interactive requests and of admission.
-	charged, refunded, used, requestsOK, admittedInteractive, admittedBatch atomic.Value // prometheus.Counter
+	// Weighted tokens charged, refunded and used; calls admitted by class.
+	charged, refunded, used, admittedInteractive, admittedBatch TenantCounter
+	// requestsOK is the tenant's requests_total{outcome="ok"}.
+	requestsOK atomic.Value // prometheus.Counter
 }
 
 // Tenant returns the series of tenant t, cached on t. A removed tenant
-// (ForgetTenant deleted its series) gets handles that are not cached when
-// first made after the removal; they count as WithLabelValues did.
+// (ForgetTenant forgot its series) gets series that count into nothing.
 func (m *Metrics) Tenant(t *registry.Tenant) *TenantSeries {
 	if s, ok := t.Attached().(*TenantSeries); ok && s.m == m {
 		return s
 	}
-	s := &TenantSeries{m: m, t: t, id: t.ID}
 	if t.Removed() {
-		return s
+		return m.newSeries(t)
 	}
+	m.mu.Lock()
+	s := m.series[t.ID]
+	if s == nil || s.t != t {
+		// First use, or the id's tenant was removed and added again.
+		s = m.newSeries(t)
+		m.series[t.ID] = s
+	}
+	m.mu.Unlock()
 	if cur, ok := t.Attach(s).(*TenantSeries); ok && cur.m == m {
 		return cur
 	}
 	// Another Metrics attached first (several gateways on one registry,
-	// tests): this one's series are looked up per use.
+	// tests): this one's series are found in m.series.
 	return s
+}
+
+func (m *Metrics) newSeries(t *registry.Tenant) *TenantSeries {
+	return &TenantSeries{m: m, t: t, id: t.ID}
 }
 
 // detached counts what a removed tenant still reports (a call in flight
@@ -240,12 +273,7 @@ func (s *TenantSeries) counter(slot *atomic.Value, vec *prometheus.CounterVec, l
 	if s.t.Removed() {
 		return detached
 	}
-	var c prometheus.Counter
-	if label == "" {
-		c = vec.WithLabelValues(s.id)
-	} else {
-		c = vec.WithLabelValues(s.id, label)
-	}
+	c := vec.WithLabelValues(s.id, label)
 	slot.Store(c)
 	return c
 }
@@ -260,19 +288,13 @@ func (s *TenantSeries) uncached(vec *prometheus.CounterVec, label string) promet
 }
 
 // Charged is the tenant's charged_weighted_tokens_total.
-func (s *TenantSeries) Charged() prometheus.Counter {
-	return s.counter(&s.charged, s.m.ChargedTokens, "")
-}
+func (s *TenantSeries) Charged() *TenantCounter { return &s.charged }
 
 // Refunded is the tenant's refunded_weighted_tokens_total.
-func (s *TenantSeries) Refunded() prometheus.Counter {
-	return s.counter(&s.refunded, s.m.RefundedTokens, "")
-}
+func (s *TenantSeries) Refunded() *TenantCounter { return &s.refunded }
 
 // Used is the tenant's used_weighted_tokens_total.
-func (s *TenantSeries) Used() prometheus.Counter {
-	return s.counter(&s.used, s.m.UsedTokens, "")
-}
+func (s *TenantSeries) Used() *TenantCounter { return &s.used }
 
 // Requests is the tenant's requests_total for outcome; OutcomeOK is cached,
 // other outcomes (refusals, errors) are looked up per call.
@@ -283,16 +305,13 @@ func (s *TenantSeries) Requests(outcome string) prometheus.Counter {
 	return s.uncached(s.m.Requests, outcome)
 }
 
-// Admitted is the tenant's admitted_requests_total for class
-// (ClassInteractive or ClassBatch).
-func (s *TenantSeries) Admitted(class string) prometheus.Counter {
-	switch class {
-	case ClassInteractive:
-		return s.counter(&s.admittedInteractive, s.m.Admitted, ClassInteractive)
-	case ClassBatch:
-		return s.counter(&s.admittedBatch, s.m.Admitted, ClassBatch)
+// Admitted is the tenant's admitted_requests_total for class: ClassBatch,
+// else ClassInteractive.
+func (s *TenantSeries) Admitted(class string) *TenantCounter {
+	if class == ClassBatch {
+		return &s.admittedBatch
 	}
-	return s.uncached(s.m.Admitted, class)
+	return &s.admittedInteractive
 }
 
 // ObserveQueueWait records one job's queue wait.
@@ -358,6 +377,61 @@ var (
 	descModelReqLimit  = desc("upstream_limit_requests", "Provider request limit per window for the model (absent when unknown).", "model")
 	descModelPaused    = desc("upstream_paused", "1 while the model is paused after an upstream 429, else 0.", "model")
 )
+
+// Descriptors of the per-tenant counters kept in TenantCounters.
+var (
+	descCharged = desc("charged_weighted_tokens_total",
+		"Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant.", "tenant")
+	descRefunded = desc("refunded_weighted_tokens_total",
+		"Weighted tokens refunded at settlement (charge minus usage, or the full charge of a call "+
+			"that failed before the provider counted it), by tenant.", "tenant")
+	descUsed = desc("used_weighted_tokens_total",
+		"Weighted tokens used, as settled (the provider's usage prompt*w_in + completion*w_out, or the charge "+
+			"when the usage is unknown; 0 for a call refunded in full), by tenant.", "tenant")
+	descAdmitted = desc("admitted_requests_total",
+		"Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class "+
+			"(interactive, or batch: once per dispatch attempt of a job).", "tenant", "class")
+)
+
+// tenantCollector exports the TenantCounters of every tenant with series
+// (Metrics.series) at scrape time: each counter counted at least once, as
+// a counter with its created timestamp.
+type tenantCollector struct{ m *Metrics }
+
+// Describe implements prometheus.Collector.
+func (c tenantCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descCharged, descRefunded, descUsed, descAdmitted} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	all := make([]*TenantSeries, 0, len(c.m.series))
+	for _, s := range c.m.series {
+		all = append(all, s)
+	}
+	c.m.mu.Unlock()
+	emit := func(d *prometheus.Desc, tc *TenantCounter, labels ...string) {
+		n, ok := tc.Value()
+		if !ok {
+			return
+		}
+		ch <- prometheus.MustNewConstMetricWithCreatedTimestamp(d, prometheus.CounterValue, float64(n),
+			time.Unix(0, tc.created.Load()), labels...)
+	}
+	for _, s := range all {
+		if s.t.Removed() {
+			continue // a count racing ForgetTenant
+		}
+		emit(descCharged, &s.charged, s.id)
+		emit(descRefunded, &s.refunded, s.id)
+		emit(descUsed, &s.used, s.id)
+		emit(descAdmitted, &s.admittedInteractive, s.id, ClassInteractive)
+		emit(descAdmitted, &s.admittedBatch, s.id, ClassBatch)
+	}
+}
 
 // collector exports gauges from a snapshot taken at scrape time.
 type collector struct {

@@ -100,12 +100,17 @@ fairshare_scheduler_tenant_remaining_requests{tenant="a"} 20
 func TestForgetTenantDeletesEveryTenantCounter(t *testing.T) {
 	prom := prometheus.NewRegistry()
 	m := New(prom, nil)
+	reg := registry.New(clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
 	for _, id := range []string{"x", "y"} {
-		m.Requests.WithLabelValues(id, OutcomeOK).Inc()
-		m.ChargedTokens.WithLabelValues(id).Add(30)
-		m.RefundedTokens.WithLabelValues(id).Add(15)
-		m.UsedTokens.WithLabelValues(id).Add(15)
-		m.Admitted.WithLabelValues(id, ClassBatch).Inc()
+		if err := reg.UpsertTenant(registry.TenantPolicy{ID: id, Name: id}); err != nil {
+			t.Fatal(err)
+		}
+		s := m.Tenant(reg.Tenant(id))
+		s.Requests(OutcomeOK).Inc()
+		s.Charged().Add(30)
+		s.Refunded().Add(15)
+		s.Used().Add(15)
+		s.Admitted(ClassBatch).Inc()
 		m.JobsExpired.WithLabelValues(id).Inc()
 		m.DryRunRejections.WithLabelValues(id, "token_rate_limit").Inc()
 	}
@@ -222,10 +227,11 @@ fairshare_scheduler_tenant_window_weighted_tokens{tenant="b"} 50
 	}
 }
 
-// TestTenantSeriesCached: a tenant's series are looked up once and kept on
-// the tenant, count into the same series as WithLabelValues, are created
-// only when first used, and are gone with the tenant: ForgetTenant deletes
-// them, and a removed tenant's later counts do not bring them back.
+// TestTenantSeriesCached: a tenant's series are kept on the tenant, are
+// exported (name, help, labels and value) from their first count and not
+// before, are a second Metrics' own, and are gone with the tenant:
+// ForgetTenant forgets them, and a removed tenant's later counts do not
+// bring them back.
 func TestTenantSeriesCached(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	reg := registry.New(clocktesting.NewFakeClock(t0))
@@ -233,42 +239,78 @@ func TestTenantSeriesCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	ten := reg.Tenant("a")
-	m := New(prometheus.NewRegistry(), nil)
+	prom := prometheus.NewRegistry()
+	m := New(prom, nil)
 	s := m.Tenant(ten)
 	if m.Tenant(ten) != s {
 		t.Fatal("the series of a tenant are not kept on it")
 	}
+	names := []string{"fairshare_scheduler_charged_weighted_tokens_total", "fairshare_scheduler_refunded_weighted_tokens_total",
+		"fairshare_scheduler_used_weighted_tokens_total", "fairshare_scheduler_admitted_requests_total", "fairshare_scheduler_requests_total"}
+	if n, err := testutil.GatherAndCount(prom, names...); err != nil || n != 0 {
+		t.Fatalf("series before any count: %d (%v), want 0", n, err)
+	}
 	s.Charged().Add(5)
+	s.Charged().Add(-3) // ignored: a counter never decreases
 	s.Admitted(ClassInteractive).Inc()
 	s.Requests(OutcomeOK).Inc()
 	s.Requests("token_rate_limit").Inc()
-	if got := testutil.ToFloat64(m.ChargedTokens.WithLabelValues("a")); got != 5 {
-		t.Errorf("charged = %v, want 5", got)
+	want := `# HELP fairshare_scheduler_admitted_requests_total Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class (interactive, or batch: once per dispatch attempt of a job).
+# TYPE fairshare_scheduler_admitted_requests_total counter
+fairshare_scheduler_admitted_requests_total{class="interactive",tenant="a"} 1
+# HELP fairshare_scheduler_charged_weighted_tokens_total Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant.
+# TYPE fairshare_scheduler_charged_weighted_tokens_total counter
+fairshare_scheduler_charged_weighted_tokens_total{tenant="a"} 5
+# HELP fairshare_scheduler_requests_total Interactive requests and job submissions, by tenant and outcome (ok, queued, upstream_error, client_gone, or the error code of a refusal such as token_rate_limit, request_rate_limit, concurrency_limit, memory_limit, queue_full, budget_exhausted, upstream_quota_exhausted, request_too_large, tenant_suspended).
+# TYPE fairshare_scheduler_requests_total counter
+fairshare_scheduler_requests_total{outcome="ok",tenant="a"} 1
+fairshare_scheduler_requests_total{outcome="token_rate_limit",tenant="a"} 1
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
 	}
-	if got := testutil.ToFloat64(m.Admitted.WithLabelValues("a", ClassInteractive)); got != 1 {
-		t.Errorf("admitted = %v, want 1", got)
+	mfs, err := prom.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.Requests.WithLabelValues("a", OutcomeOK)); got != 1 {
-		t.Errorf("requests ok = %v, want 1", got)
+	for _, mf := range mfs {
+		if mf.GetName() == "fairshare_scheduler_charged_weighted_tokens_total" {
+			if ct := mf.GetMetric()[0].GetCounter().GetCreatedTimestamp(); ct == nil || ct.AsTime().IsZero() {
+				t.Errorf("charged series without a created timestamp")
+			}
+		}
 	}
-	if n := testutil.CollectAndCount(m.Admitted); n != 1 {
-		t.Errorf("admitted series = %d, want 1 (batch not created before its first use)", n)
-	}
-	// A second Metrics on the same registry counts into its own vectors.
-	m2 := New(prometheus.NewRegistry(), nil)
+	// A second Metrics on the same registry counts into its own series.
+	prom2 := prometheus.NewRegistry()
+	m2 := New(prom2, nil)
 	m2.Tenant(ten).Used().Add(3)
-	if got := testutil.ToFloat64(m2.UsedTokens.WithLabelValues("a")); got != 3 {
-		t.Errorf("second metrics used = %v, want 3", got)
+	if got, ok := m2.Tenant(ten).Used().Value(); got != 3 || !ok {
+		t.Errorf("second metrics used = %d (%v), want 3", got, ok)
 	}
-	if n := testutil.CollectAndCount(m.UsedTokens); n != 0 {
-		t.Errorf("first metrics used series = %d, want 0", n)
+	if n, err := testutil.GatherAndCount(prom2, "fairshare_scheduler_used_weighted_tokens_total"); err != nil || n != 1 {
+		t.Errorf("second metrics used series = %d (%v), want 1", n, err)
+	}
+	if n, err := testutil.GatherAndCount(prom, "fairshare_scheduler_used_weighted_tokens_total"); err != nil || n != 0 {
+		t.Errorf("first metrics used series = %d (%v), want 0", n, err)
 	}
 
 	reg.RemoveTenant("a")
 	m.ForgetTenant("a")
 	s.Charged().Add(1) // an in-flight call settling after the removal
-	if n := testutil.CollectAndCount(m.ChargedTokens) + testutil.CollectAndCount(m.Requests) + testutil.CollectAndCount(m.Admitted); n != 0 {
-		t.Errorf("series after ForgetTenant = %d, want 0", n)
+	s.Used().Add(1)
+	if n, err := testutil.GatherAndCount(prom, names...); err != nil || n != 0 {
+		t.Errorf("series after ForgetTenant = %d (%v), want 0", n, err)
+	}
+	// The id added again is a new tenant with new series.
+	if err := reg.UpsertTenant(registry.TenantPolicy{ID: "a", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	m.Tenant(reg.Tenant("a")).Charged().Add(2)
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(`# HELP fairshare_scheduler_charged_weighted_tokens_total Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant.
+# TYPE fairshare_scheduler_charged_weighted_tokens_total counter
+fairshare_scheduler_charged_weighted_tokens_total{tenant="a"} 2
+`), names...); err != nil {
+		t.Error(err)
 	}
 }
 
