@@ -108,6 +108,7 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 	if !g.tryAcquire() {
 		g.refunded(t, res.Cancel(now))
 		br.Settle(now, 0)
+		g.refusedInteractive(class)
 		return nil, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolConcurrency,
 			retryAfter: time.Second, retryable: true, message: "The pool has too many calls in flight to the provider. Retry in 1s."}
 	}
@@ -123,11 +124,23 @@ func (g *Gateway) admit(now time.Time, t *registry.Tenant, pool *registry.PoolPo
 		g.refunded(t, res.Cancel(now))
 		br.Settle(now, 0)
 		g.releaseQuiet()
+		g.refusedInteractive(class)
 		return nil, upstreamQuotaError(wait)
 	}
 	cl.permit = permit
 	g.metrics.Tenant(t).Admitted(class).Inc()
 	return cl, nil
+}
+
+// refusedInteractive wakes the dispatcher, while jobs are queued, after an
+// interactive call refused past its tenant's admission gave back its
+// tenant concurrency and KV blocks: a job of the tenant held back by them
+// may start now. A refused batch start does not wake it (it would retry
+// in a busy loop).
+func (g *Gateway) refusedInteractive(class string) {
+	if class == metrics.ClassInteractive {
+		g.dispatch.wakeIfWaiting()
+	}
 }
 
 // dryRunRejection counts a request or job of a DryRun tenant that Enforce

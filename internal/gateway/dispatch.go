@@ -207,6 +207,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	g := d.g
 	d.passes.Add(1)
 	d.jobsWaiting.Store(true)
+	g.slotsFreed.Load() // orders this pass's reads of len(g.sem) after the store (Gateway.slotsFreed)
 	now := g.clock.Now()
 
 	// Backoffs that have passed: back at the tenant's head.
@@ -458,7 +459,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	}
 	g.upstreamCalls.Add(1)
 	sent := g.clock.Now()
-	resp, err := g.transport.RoundTrip(req)
+	resp, err := g.roundTrip(req)
 	now := g.clock.Now()
 	g.metrics.ObserveUpstream(c.model.Name, now.Sub(sent))
 	if err != nil {

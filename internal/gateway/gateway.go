@@ -215,6 +215,13 @@ type Gateway struct {
 
 	// upstreamCalls counts calls made to the provider (tests, status).
 	upstreamCalls atomic.Int64
+	// slotsFreed counts the upstream slots released. A dispatcher pass
+	// loads it right after it stores dispatcher.jobsWaiting and before it
+	// reads len(sem); a release adds to it after it frees a slot and before
+	// it loads jobsWaiting. Sequentially consistent atomics on both sides
+	// make that pairing hold by the memory model, whatever len of a
+	// channel compiles to (it is no synchronising read).
+	slotsFreed atomic.Int64
 }
 
 // New returns a Gateway. Call Run to start the dispatcher and Handler to
@@ -415,6 +422,24 @@ func (g *Gateway) release() {
 func (g *Gateway) releaseQuiet() {
 	<-g.sem
 	g.reg.AddInFlight(-1)
+	g.slotsFreed.Add(1)
+}
+
+// roundTrip makes one call to the provider through the transport. As
+// http.Client does, a response without a body is read as empty, and a
+// transport that returns neither a response nor an error fails the call.
+func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := g.transport.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp == nil {
+		return nil, errors.New("the transport returned neither a response nor an error")
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
+	}
+	return resp, nil
 }
 
 // hopHeaders are not copied from provider responses (RFC 9110 section

@@ -86,7 +86,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	g.upstreamCalls.Add(1)
 	sent := g.clock.Now()
-	resp, err := g.transport.RoundTrip(upReq)
+	resp, err := g.roundTrip(upReq)
 	now := g.clock.Now()
 	g.metrics.ObserveUpstream(m.Name, now.Sub(sent))
 	if err != nil {

@@ -69,3 +69,28 @@ func TestProviderRedirectIsRelayedNotFollowed(t *testing.T) {
 		}
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A transport's response without a body is read as empty, and a
+// transport that returns neither a response nor an error fails the call,
+// as http.Client does (Options.Transport may be any RoundTripper).
+func TestRoundTripNilBodyAndNilResponse(t *testing.T) {
+	req, err := http.NewRequest("POST", "http://127.0.0.1:1/v1/completions", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Gateway{transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusBadGateway, Header: http.Header{}}, nil
+	})}
+	resp, err := g.roundTrip(req)
+	if err != nil || resp.Body != http.NoBody {
+		t.Fatalf("nil body: %v, body %v; want http.NoBody", err, resp)
+	}
+	g.transport = roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil })
+	if resp, err := g.roundTrip(req); err == nil || resp != nil {
+		t.Fatalf("nil response: %v, %v; want an error", resp, err)
+	}
+}

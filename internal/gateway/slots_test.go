@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
@@ -133,4 +134,28 @@ func TestJobStartsWhenTenantCallEnds(t *testing.T) {
 	waitFor(t, "the job upstream", func() bool { return inUpstream.Load() == 2 })
 	close(release)
 	waitFor(t, "the job succeeded", func() bool { return e.storeStatus(job.ID) == "succeeded" })
+}
+
+// An interactive call refused after its tenant's admission (here by the
+// paused model's throttle) gives back the tenant's concurrency it held for
+// a moment, which a queued job of the tenant may have been refused for:
+// while jobs are queued the refusal wakes the dispatcher.
+func TestInteractiveRefusalWakesDispatcherWhileJobsWait(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{MaxConcurrent: i64(1)})})
+	d := e.gw.dispatch
+	e.pause(time.Minute)
+	e.submit("key-a", jobBody(10, 5, ""))
+	waitFor(t, "a pass that leaves the job queued", func() bool {
+		var total int
+		e.reg.WithQueue(func(q *fairqueue.Queue) { total = q.Total() })
+		return total == 1 && d.jobsWaiting.Load() && len(d.wakeCh) == 0
+	})
+	time.Sleep(20 * time.Millisecond) // let that pass end (evidence only)
+	before := d.passes.Load()
+	resp := e.do("POST", "/v1/completions", "key-a", completionsBody(10, 5, ""))
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("interactive call: %d %s, want 503 while the model is paused", resp.StatusCode, b)
+	}
+	waitFor(t, "a pass woken by the refusal", func() bool { return d.passes.Load() > before })
 }
