@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
@@ -237,6 +239,12 @@ func (m *Metrics) Tenant(t *registry.Tenant) *TenantSeries {
 		return m.newSeries(t)
 	}
 	m.mu.Lock()
+	if t.Removed() {
+		// Removed since the check above: ForgetTenant (which takes m.mu)
+		// ran or will run after this; adding the series would leak it.
+		m.mu.Unlock()
+		return m.newSeries(t)
+	}
 	s := m.series[t.ID]
 	if s == nil || s.t != t {
 		// First use, or the id's tenant was removed and added again.
@@ -405,7 +413,11 @@ func (c tenantCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. The samples of one tenant are
+// allocated together and share their label pairs (built once per tenant
+// and scrape): a prometheus.MustNewConstMetric per series built its own,
+// 650 bytes of garbage per series and 33 MB per scrape of 10,000 tenants
+// (BenchmarkGatherTenantCounters).
 func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
 	all := make([]*TenantSeries, 0, len(c.m.series))
@@ -413,24 +425,68 @@ func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
 		all = append(all, s)
 	}
 	c.m.mu.Unlock()
-	emit := func(d *prometheus.Desc, tc *TenantCounter, labels ...string) {
-		n, ok := tc.Value()
-		if !ok {
-			return
-		}
-		ch <- prometheus.MustNewConstMetricWithCreatedTimestamp(d, prometheus.CounterValue, float64(n),
-			time.Unix(0, tc.created.Load()), labels...)
-	}
+	tenantName, className := "tenant", "class"
+	interactive, batch := ClassInteractive, ClassBatch
+	classI := &dto.LabelPair{Name: &className, Value: &interactive}
+	classB := &dto.LabelPair{Name: &className, Value: &batch}
 	for _, s := range all {
 		if s.t.Removed() {
 			continue // a count racing ForgetTenant
 		}
-		emit(descCharged, &s.charged, s.id)
-		emit(descRefunded, &s.refunded, s.id)
-		emit(descUsed, &s.used, s.id)
-		emit(descAdmitted, &s.admittedInteractive, s.id, ClassInteractive)
-		emit(descAdmitted, &s.admittedBatch, s.id, ClassBatch)
+		t := &tenantSamples{}
+		t.tenant = dto.LabelPair{Name: &tenantName, Value: &s.id}
+		// The label pairs of each series, sorted by name (class < tenant).
+		t.labels = [5]*dto.LabelPair{&t.tenant, classI, &t.tenant, classB, &t.tenant}
+		only, withI, withB := t.labels[0:1:1], t.labels[1:3:3], t.labels[3:5:5]
+		for i, e := range [...]struct {
+			desc   *prometheus.Desc
+			c      *TenantCounter
+			labels []*dto.LabelPair
+		}{
+			{descCharged, &s.charged, only}, {descRefunded, &s.refunded, only}, {descUsed, &s.used, only},
+			{descAdmitted, &s.admittedInteractive, withI}, {descAdmitted, &s.admittedBatch, withB},
+		} {
+			n, ok := e.c.Value()
+			if !ok {
+				continue
+			}
+			x := &t.samples[i]
+			x.desc, x.labels, x.value = e.desc, e.labels, float64(n)
+			created := e.c.created.Load()
+			x.created.Seconds, x.created.Nanos = created/1e9, int32(created%1e9)
+			ch <- x
+		}
 	}
+}
+
+// tenantSamples are the samples of one tenant's TenantCounters at a
+// scrape, allocated together.
+type tenantSamples struct {
+	tenant  dto.LabelPair
+	labels  [5]*dto.LabelPair
+	samples [5]counterSample
+}
+
+// counterSample is one TenantCounter's value at a scrape (a
+// prometheus.Metric): a counter with its label pairs and created timestamp.
+type counterSample struct {
+	desc    *prometheus.Desc
+	labels  []*dto.LabelPair
+	value   float64
+	counter dto.Counter
+	created timestamppb.Timestamp
+}
+
+// Desc implements prometheus.Metric.
+func (x *counterSample) Desc() *prometheus.Desc { return x.desc }
+
+// Write implements prometheus.Metric.
+func (x *counterSample) Write(out *dto.Metric) error {
+	out.Label = x.labels
+	x.counter.Value = &x.value
+	x.counter.CreatedTimestamp = &x.created
+	out.Counter = &x.counter
+	return nil
 }
 
 // collector exports gauges from a snapshot taken at scrape time.
