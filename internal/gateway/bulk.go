@@ -131,5 +131,5 @@ func (g *Gateway) countRefusal(t *registry.Tenant, e *apiError) {
 		(e.status == http.StatusRequestEntityTooLarge && e.code == string(limiter.ReasonTooLarge)) {
 		t.AddRejection()
 	}
-	g.metrics.Requests.WithLabelValues(t.ID, e.code).Inc()
+	g.metrics.Tenant(t).Requests(e.code).Inc()
 }

@@ -82,6 +82,7 @@ type clientEnv struct {
 	srv   *httptest.Server
 	up    *faultSim
 	store *jobs.MemStore
+	prom  *prometheus.Registry
 	// bodyRead counts the request body bytes the gateway read.
 	bodyRead atomic.Int64
 }
@@ -118,7 +119,7 @@ func newClientEnv(t testing.TB, up *faultSim, tenants []registry.TenantPolicy, o
 	o.Registry, o.Clock, o.Store, o.Rand = reg, fc, store, func() float64 { return 0 }
 	o.Metrics = metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) })
 	gw := New(o)
-	e := &clientEnv{clock: fc, reg: reg, gw: gw, up: up, store: store}
+	e := &clientEnv{clock: fc, reg: reg, gw: gw, up: up, store: store, prom: prom}
 	e.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A copy: net/http inspects the original request's body after the
 		// handler (to drain or close), which must stay its own type.
@@ -167,6 +168,11 @@ func (e *clientEnv) counter(c *prometheus.CounterVec, labels ...string) int64 {
 	return int64(testutil.ToFloat64(c.WithLabelValues(labels...)))
 }
 
+// requests is the tenant's requests_total for outcome.
+func (e *clientEnv) requests(id, outcome string) int64 {
+	return e.tenantCount(id, func(s *metrics.TenantSeries) *metrics.TenantCounter { return s.Requests(outcome) })
+}
+
 // tenantCount is the tenant's count in the series pick chooses (such as
 // (*metrics.TenantSeries).Charged); 0 when it was never counted.
 func (e *clientEnv) tenantCount(id string, pick func(*metrics.TenantSeries) *metrics.TenantCounter) int64 {
@@ -182,7 +188,7 @@ func (e *clientEnv) waitOutcomes(t *testing.T, tenant string, n int64) {
 	waitFor(t, "the outcomes counted", func() bool {
 		var sum int64
 		for _, o := range []string{metrics.OutcomeOK, metrics.OutcomeClientGone, metrics.OutcomeUpstreamError} {
-			sum += e.counter(e.gw.metrics.Requests, tenant, o)
+			sum += e.requests(tenant, o)
 		}
 		return sum >= n
 	})
@@ -277,7 +283,7 @@ func TestClientDisconnectMidStream(t *testing.T) {
 		t.Fatalf("bucket %d, want %d - %d", left, burst, used)
 	}
 	e.waitOutcomes(t, "a", 1)
-	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 1 {
+	if got := e.requests("a", metrics.OutcomeClientGone); got != 1 {
 		t.Fatalf("client_gone counted %d", got)
 	}
 }
@@ -330,7 +336,7 @@ func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 		t.Fatalf("bucket %d, want %d", left, burst)
 	}
 	e.waitOutcomes(t, "a", 2)
-	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 2 {
+	if got := e.requests("a", metrics.OutcomeClientGone); got != 2 {
 		t.Fatalf("client_gone counted %d, want 2", got)
 	}
 }
@@ -431,7 +437,7 @@ func TestClientStalledReaderIsCutOff(t *testing.T) {
 		t.Fatalf("used %d, want prompt %d + 4 x (frames forwarded < %d)", used, prompt, frames)
 	}
 	e.waitOutcomes(t, "a", 1)
-	if got := e.counter(e.gw.metrics.Requests, "a", metrics.OutcomeClientGone); got != 1 {
+	if got := e.requests("a", metrics.OutcomeClientGone); got != 1 {
 		t.Fatalf("client_gone counted %d", got)
 	}
 }
@@ -482,8 +488,8 @@ loop:
 	if e.bodyRead.Load() != 0 || up.sim.Stats().Requests != 0 {
 		t.Fatal("a handler ran")
 	}
-	if got := testutil.CollectAndCount(e.gw.metrics.Requests); got != 0 {
-		t.Fatalf("%d request series counted", got)
+	if got, err := testutil.GatherAndCount(e.prom, "fairshare_scheduler_requests_total"); err != nil || got != 0 {
+		t.Fatalf("%d request series counted (%v)", got, err)
 	}
 
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+endpointChat, strings.NewReader("{}"))

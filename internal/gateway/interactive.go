@@ -24,20 +24,18 @@ func (g *Gateway) interactive(endpoint string) http.HandlerFunc {
 
 // refuse writes e and counts it against the tenant (t may be nil).
 func (g *Gateway) refuse(w http.ResponseWriter, t *registry.Tenant, e *apiError) {
-	id := ""
-	if t != nil {
-		if t.Removed() {
-			// Removed while the request ran: its series were forgotten.
-			writeError(w, e)
-			return
-		}
-		id = t.ID
+	switch {
+	case t == nil:
+		g.metrics.Unattributed(e.code).Inc()
+	case t.Removed():
+		// Removed while the request ran: its series were forgotten.
+	default:
 		if e.status == http.StatusTooManyRequests || e.status == http.StatusForbidden ||
 			(e.status == http.StatusRequestEntityTooLarge && e.code == string(limiter.ReasonTooLarge)) {
 			t.AddRejection()
 		}
+		g.metrics.Tenant(t).Requests(e.code).Inc()
 	}
-	g.metrics.Requests.WithLabelValues(id, e.code).Inc()
 	writeError(w, e)
 }
 

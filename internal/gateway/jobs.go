@@ -284,7 +284,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			return jobs.Job{}, badRequest(codeInvalidRequest, "The job could not be queued.")
 		}
 	}
-	g.metrics.Requests.WithLabelValues(t.ID, metrics.OutcomeQueued).Inc()
+	g.metrics.Tenant(t).Requests(metrics.OutcomeQueued).Inc()
 	g.dispatch.wake()
 	return job, nil
 }

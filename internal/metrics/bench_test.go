@@ -13,9 +13,9 @@ import (
 
 // BenchmarkGatherTenantCounters: one scrape (prometheus.Registry.Gather)
 // of the per-tenant counters of 10,000 tenants that each had traffic
-// (charged, refunded, used, admitted interactive and batch: 50,000
-// series), the work and garbage a Prometheus scrape of a pool's scheduler
-// costs.
+// (charged, refunded, used, admitted interactive and batch, requests
+// answered ok and refused for token_rate_limit: 70,000 series), the work
+// and garbage a Prometheus scrape of a pool's scheduler costs.
 func BenchmarkGatherTenantCounters(b *testing.B) {
 	reg := registry.New(clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
 	prom := prometheus.NewRegistry()
@@ -31,6 +31,8 @@ func BenchmarkGatherTenantCounters(b *testing.B) {
 		s.Used().Add(60)
 		s.Admitted(ClassInteractive).Inc()
 		s.Admitted(ClassBatch).Inc()
+		s.Requests(OutcomeOK).Inc()
+		s.Requests("token_rate_limit").Inc()
 	}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -38,10 +40,10 @@ func BenchmarkGatherTenantCounters(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// The four counters, and the queue-wait histogram (no labels, so
+		// The five counters, and the queue-wait histogram (no labels, so
 		// always exported).
-		if n := len(mfs); n != 5 {
-			b.Fatalf("%d metric families, want 5", n)
+		if n := len(mfs); n != 6 {
+			b.Fatalf("%d metric families, want 6", n)
 		}
 	}
 }

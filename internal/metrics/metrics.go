@@ -2,7 +2,11 @@
 // fairshare_scheduler_* with their unit in the name (style 2.6).
 //
 // Counters and the queue-wait histogram are updated by the gateway as
-// things happen. Per-tenant and per-model gauges are not stored at all: a
+// things happen. The per-tenant counters (requests, charged, refunded and
+// used weighted tokens, admissions) are TenantCounters kept on the tenant
+// and written as samples only at scrape time (tenantCollector), so an
+// active tenant costs a few plain numbers instead of a client_golang child
+// per series. Per-tenant and per-model gauges are not stored at all: a
 // custom Collector reads a registry.Snapshot at scrape time, so a deleted
 // tenant leaves no stale series. Metrics are registered on an injected
 // prometheus.Registerer, so tests use a fresh registry.
@@ -59,9 +63,6 @@ var UpstreamDurationBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20,
 
 // Metrics holds the scheduler's counters and histograms.
 type Metrics struct {
-	// Requests counts interactive requests and job submissions by tenant
-	// and outcome.
-	Requests *prometheus.CounterVec
 	// UpstreamResponses counts provider responses by model and HTTP status
 	// code ("error" when no response was received).
 	UpstreamResponses *prometheus.CounterVec
@@ -100,6 +101,9 @@ type Metrics struct {
 	// by tenantCollector at scrape time.
 	mu     sync.Mutex
 	series map[string]*TenantSeries
+	// unattributed counts the requests_total of requests no tenant is
+	// known for (tenant="").
+	unattributed *TenantSeries
 }
 
 // New builds the metrics and registers them, with a scrape-time collector
@@ -110,12 +114,6 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 		return prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
 	}
 	m := &Metrics{
-		Requests: prometheus.NewCounterVec(opts("requests_total",
-			"Interactive requests and job submissions, by tenant and outcome "+
-				"(ok, queued, upstream_error, client_gone, or the error code of a refusal such as token_rate_limit, "+
-				"request_rate_limit, concurrency_limit, memory_limit, queue_full, budget_exhausted, "+
-				"upstream_quota_exhausted, request_too_large, tenant_suspended)."),
-			[]string{"tenant", "outcome"}),
 		UpstreamResponses: prometheus.NewCounterVec(opts("upstream_responses_total",
 			"Provider responses by model and HTTP status code (\"error\" when no response arrived)."),
 			[]string{"model", "code"}),
@@ -154,7 +152,8 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			[]string{"model"}),
 	}
 	m.series = map[string]*TenantSeries{}
-	reg.MustRegister(m.Requests, m.UpstreamResponses, m.UpstreamThrottled, tenantCollector{m}, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
+	m.unattributed = &TenantSeries{m: m}
+	reg.MustRegister(m.UpstreamResponses, m.UpstreamThrottled, tenantCollector{m}, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
 		m.UpstreamHeadersMalformed)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
@@ -170,7 +169,7 @@ func (m *Metrics) ForgetTenant(tenant string) {
 	delete(m.series, tenant)
 	m.mu.Unlock()
 	l := prometheus.Labels{"tenant": tenant}
-	for _, v := range []*prometheus.CounterVec{m.Requests, m.JobsExpired, m.DryRunRejections} {
+	for _, v := range []*prometheus.CounterVec{m.JobsExpired, m.DryRunRejections} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -214,20 +213,27 @@ func (c *TenantCounter) Value() (int64, bool) {
 
 // TenantSeries holds one tenant's counter series of a Metrics, kept with
 // the tenant (registry.Tenant.Attach) so a call finds them without a
-// lookup. Charged, refunded and used weighted tokens and admitted calls are
-// TenantCounters; requests_total{outcome="ok"} is the Requests vector's
-// child, looked up once. A removed tenant's counts are dropped: ForgetTenant
-// forgets its series, and a count after that creates none. Safe for
-// concurrent use.
+// lookup: charged, refunded and used weighted tokens, admitted calls and
+// requests by outcome, each a TenantCounter. A removed tenant's counts are
+// dropped: ForgetTenant forgets its series, and a count after that creates
+// none. Safe for concurrent use.
 type TenantSeries struct {
-	m  *Metrics
+	m *Metrics
+	// t is the tenant (nil for Metrics.unattributed).
 	t  *registry.Tenant
 	id string
-	// Weighted tokens charged, refunded and used; calls admitted by class.
-	charged, refunded, used, admittedInteractive, admittedBatch TenantCounter
-	// requestsOK is the tenant's requests_total{outcome="ok"}.
-	requestsOK atomic.Value // prometheus.Counter
+	// Weighted tokens charged, refunded and used; calls admitted by class;
+	// requests answered OutcomeOK.
+	charged, refunded, used, admittedInteractive, admittedBatch, requestsOK TenantCounter
+	// outcomes holds the requests of the other outcomes (refusal codes,
+	// errors, queued), made on first use.
+	outcomesMu sync.Mutex
+	outcomes   map[string]*TenantCounter
 }
+
+// removed reports whether the tenant was removed (never for the
+// unattributed series).
+func (s *TenantSeries) removed() bool { return s.t != nil && s.t.Removed() }
 
 // Tenant returns the series of tenant t, cached on t. A removed tenant
 // (ForgetTenant forgot its series) gets series that count into nothing.
@@ -264,37 +270,6 @@ func (m *Metrics) newSeries(t *registry.Tenant) *TenantSeries {
 	return &TenantSeries{m: m, t: t, id: t.ID}
 }
 
-// detached counts what a removed tenant still reports (a call in flight
-// when its TenantQuota was deleted); it is registered nowhere, so those
-// counts are dropped instead of re-creating the series ForgetTenant deleted.
-var detached = prometheus.NewCounter(prometheus.CounterOpts{Name: "fairshare_removed_tenant_discarded_total",
-	Help: "Counts of removed tenants, never exposed."})
-
-// counter returns the child of vec for the tenant (and label), made once;
-// once the tenant is removed, a series not made before is not made (the
-// detached counter is returned): only a call racing the removal itself can
-// still create one.
-func (s *TenantSeries) counter(slot *atomic.Value, vec *prometheus.CounterVec, label string) prometheus.Counter {
-	if c, ok := slot.Load().(prometheus.Counter); ok {
-		return c
-	}
-	if s.t.Removed() {
-		return detached
-	}
-	c := vec.WithLabelValues(s.id, label)
-	slot.Store(c)
-	return c
-}
-
-// uncached returns vec's child for the tenant and label, looked up per
-// call, or the detached counter once the tenant is removed.
-func (s *TenantSeries) uncached(vec *prometheus.CounterVec, label string) prometheus.Counter {
-	if s.t.Removed() {
-		return detached
-	}
-	return vec.WithLabelValues(s.id, label)
-}
-
 // Charged is the tenant's charged_weighted_tokens_total.
 func (s *TenantSeries) Charged() *TenantCounter { return &s.charged }
 
@@ -304,13 +279,29 @@ func (s *TenantSeries) Refunded() *TenantCounter { return &s.refunded }
 // Used is the tenant's used_weighted_tokens_total.
 func (s *TenantSeries) Used() *TenantCounter { return &s.used }
 
-// Requests is the tenant's requests_total for outcome; OutcomeOK is cached,
-// other outcomes (refusals, errors) are looked up per call.
-func (s *TenantSeries) Requests(outcome string) prometheus.Counter {
+// Requests is the tenant's requests_total for outcome (an Outcome or the
+// error code of a refusal).
+func (s *TenantSeries) Requests(outcome string) *TenantCounter {
 	if outcome == OutcomeOK {
-		return s.counter(&s.requestsOK, s.m.Requests, OutcomeOK)
+		return &s.requestsOK
 	}
-	return s.uncached(s.m.Requests, outcome)
+	s.outcomesMu.Lock()
+	defer s.outcomesMu.Unlock()
+	c := s.outcomes[outcome]
+	if c == nil {
+		if s.outcomes == nil {
+			s.outcomes = map[string]*TenantCounter{}
+		}
+		c = &TenantCounter{}
+		s.outcomes[outcome] = c
+	}
+	return c
+}
+
+// Unattributed is requests_total{tenant=""} for outcome: requests that no
+// tenant is known for (no or an unknown API key).
+func (m *Metrics) Unattributed(outcome string) *TenantCounter {
+	return m.unattributed.Requests(outcome)
 }
 
 // Admitted is the tenant's admitted_requests_total for class: ClassBatch,
@@ -396,6 +387,11 @@ var (
 	descUsed = desc("used_weighted_tokens_total",
 		"Weighted tokens used, as settled (the provider's usage prompt*w_in + completion*w_out, or the charge "+
 			"when the usage is unknown; 0 for a call refunded in full), by tenant.", "tenant")
+	descRequests = desc("requests_total",
+		"Interactive requests and job submissions, by tenant and outcome "+
+			"(ok, queued, upstream_error, client_gone, or the error code of a refusal such as token_rate_limit, "+
+			"request_rate_limit, concurrency_limit, memory_limit, queue_full, budget_exhausted, "+
+			"upstream_quota_exhausted, request_too_large, tenant_suspended).", "outcome", "tenant")
 	descAdmitted = desc("admitted_requests_total",
 		"Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class "+
 			"(interactive, or batch: once per dispatch attempt of a job).", "tenant", "class")
@@ -408,7 +404,7 @@ type tenantCollector struct{ m *Metrics }
 
 // Describe implements prometheus.Collector.
 func (c tenantCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCharged, descRefunded, descUsed, descAdmitted} {
+	for _, d := range []*prometheus.Desc{descCharged, descRefunded, descUsed, descAdmitted, descRequests} {
 		ch <- d
 	}
 }
@@ -420,24 +416,27 @@ func (c tenantCollector) Describe(ch chan<- *prometheus.Desc) {
 // (BenchmarkGatherTenantCounters).
 func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
-	all := make([]*TenantSeries, 0, len(c.m.series))
+	all := make([]*TenantSeries, 0, len(c.m.series)+1)
 	for _, s := range c.m.series {
 		all = append(all, s)
 	}
 	c.m.mu.Unlock()
-	tenantName, className := "tenant", "class"
-	interactive, batch := ClassInteractive, ClassBatch
+	all = append(all, c.m.unattributed)
+	tenantName, className, outcomeName := "tenant", "class", "outcome"
+	interactive, batch, ok := ClassInteractive, ClassBatch, OutcomeOK
 	classI := &dto.LabelPair{Name: &className, Value: &interactive}
 	classB := &dto.LabelPair{Name: &className, Value: &batch}
+	outcomeOK := &dto.LabelPair{Name: &outcomeName, Value: &ok}
 	for _, s := range all {
-		if s.t.Removed() {
+		if s.removed() {
 			continue // a count racing ForgetTenant
 		}
 		t := &tenantSamples{}
 		t.tenant = dto.LabelPair{Name: &tenantName, Value: &s.id}
-		// The label pairs of each series, sorted by name (class < tenant).
-		t.labels = [5]*dto.LabelPair{&t.tenant, classI, &t.tenant, classB, &t.tenant}
-		only, withI, withB := t.labels[0:1:1], t.labels[1:3:3], t.labels[3:5:5]
+		// The label pairs of each series, sorted by name (class < outcome
+		// < tenant).
+		t.labels = [7]*dto.LabelPair{&t.tenant, classI, &t.tenant, classB, &t.tenant, outcomeOK, &t.tenant}
+		only, withI, withB, withOK := t.labels[0:1:1], t.labels[1:3:3], t.labels[3:5:5], t.labels[5:7:7]
 		for i, e := range [...]struct {
 			desc   *prometheus.Desc
 			c      *TenantCounter
@@ -445,26 +444,49 @@ func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
 		}{
 			{descCharged, &s.charged, only}, {descRefunded, &s.refunded, only}, {descUsed, &s.used, only},
 			{descAdmitted, &s.admittedInteractive, withI}, {descAdmitted, &s.admittedBatch, withB},
+			{descRequests, &s.requestsOK, withOK},
 		} {
-			n, ok := e.c.Value()
-			if !ok {
-				continue
+			if x := t.samples[i].set(e.desc, e.c, e.labels); x != nil {
+				ch <- x
 			}
-			x := &t.samples[i]
-			x.desc, x.labels, x.value = e.desc, e.labels, float64(n)
-			created := e.c.created.Load()
-			x.created.Seconds, x.created.Nanos = created/1e9, int32(created%1e9)
-			ch <- x
+		}
+		s.outcomesMu.Lock()
+		outcomes := make([]string, 0, len(s.outcomes))
+		counters := make([]*TenantCounter, 0, len(s.outcomes))
+		for o, tc := range s.outcomes {
+			outcomes = append(outcomes, o)
+			counters = append(counters, tc)
+		}
+		s.outcomesMu.Unlock()
+		for i := range outcomes {
+			labels := []*dto.LabelPair{{Name: &outcomeName, Value: &outcomes[i]}, &t.tenant}
+			if x := new(counterSample).set(descRequests, counters[i], labels); x != nil {
+				ch <- x
+			}
 		}
 	}
 }
 
 // tenantSamples are the samples of one tenant's TenantCounters at a
-// scrape, allocated together.
+// scrape, allocated together (requests of outcomes other than OutcomeOK,
+// rarer, each on its own).
 type tenantSamples struct {
 	tenant  dto.LabelPair
-	labels  [5]*dto.LabelPair
-	samples [5]counterSample
+	labels  [7]*dto.LabelPair
+	samples [6]counterSample
+}
+
+// set fills x with c's value and created timestamp and returns it, or nil
+// when c was never counted (no series).
+func (x *counterSample) set(d *prometheus.Desc, c *TenantCounter, labels []*dto.LabelPair) *counterSample {
+	n, ok := c.Value()
+	if !ok {
+		return nil
+	}
+	x.desc, x.labels, x.value = d, labels, float64(n)
+	created := c.created.Load()
+	x.created.Seconds, x.created.Nanos = created/1e9, int32(created%1e9)
+	return x
 }
 
 // counterSample is one TenantCounter's value at a scrape (a

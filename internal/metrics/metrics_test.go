@@ -34,8 +34,8 @@ func TestTenantGaugesReadAtScrape(t *testing.T) {
 	}
 	prom := prometheus.NewRegistry()
 	m := New(prom, func() registry.Snapshot { return reg.Snapshot(t0) })
-	m.Requests.WithLabelValues("a", OutcomeOK).Inc()
-	m.Requests.WithLabelValues("b", "token_rate_limit").Add(2)
+	m.Tenant(reg.Tenant("a")).Requests(OutcomeOK).Inc()
+	m.Tenant(reg.Tenant("b")).Requests("token_rate_limit").Add(2)
 
 	want := `
 # HELP fairshare_scheduler_tenant_remaining_weighted_tokens Weighted tokens left in the tenant's token bucket (absent when unlimited).
@@ -330,5 +330,25 @@ func TestUpstreamSeriesCached(t *testing.T) {
 	m.ObserveUpstream("m", time.Second)
 	if n := testutil.CollectAndCount(m.UpstreamDuration); n != 1 {
 		t.Errorf("duration series = %d, want 1", n)
+	}
+}
+
+// TestUnattributedRequests: requests no tenant is known for are counted
+// under tenant="", by outcome, and ForgetTenant of any tenant keeps them.
+func TestUnattributedRequests(t *testing.T) {
+	prom := prometheus.NewRegistry()
+	m := New(prom, nil)
+	m.Unattributed("invalid_api_key").Inc()
+	m.Unattributed("invalid_api_key").Inc()
+	m.Unattributed("missing_api_key").Inc()
+	m.ForgetTenant("")
+	m.ForgetTenant("a")
+	want := `# HELP fairshare_scheduler_requests_total Interactive requests and job submissions, by tenant and outcome (ok, queued, upstream_error, client_gone, or the error code of a refusal such as token_rate_limit, request_rate_limit, concurrency_limit, memory_limit, queue_full, budget_exhausted, upstream_quota_exhausted, request_too_large, tenant_suspended).
+# TYPE fairshare_scheduler_requests_total counter
+fairshare_scheduler_requests_total{outcome="invalid_api_key",tenant=""} 2
+fairshare_scheduler_requests_total{outcome="missing_api_key",tenant=""} 1
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), "fairshare_scheduler_requests_total"); err != nil {
+		t.Error(err)
 	}
 }
