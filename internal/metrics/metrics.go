@@ -162,11 +162,16 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 }
 
 // ForgetTenant deletes every counter series labelled with the tenant (its
-// TenantQuota was removed), so a deleted tenant leaves no series behind; its
-// gauges go with it since they are read from the snapshot.
+// TenantQuota was removed, registry.Registry.RemoveTenant), so a deleted
+// tenant leaves no series behind; its gauges go with it since they are
+// read from the snapshot. The TenantCounters go only if the tenant they
+// belong to was removed: a tenant added again under the id before a late
+// ForgetTenant keeps its new series.
 func (m *Metrics) ForgetTenant(tenant string) {
 	m.mu.Lock()
-	delete(m.series, tenant)
+	if s := m.series[tenant]; s != nil && s.removed() {
+		delete(m.series, tenant)
+	}
 	m.mu.Unlock()
 	l := prometheus.Labels{"tenant": tenant}
 	for _, v := range []*prometheus.CounterVec{m.JobsExpired, m.DryRunRejections} {

@@ -114,6 +114,7 @@ func TestForgetTenantDeletesEveryTenantCounter(t *testing.T) {
 		m.JobsExpired.WithLabelValues(id).Inc()
 		m.DryRunRejections.WithLabelValues(id, "token_rate_limit").Inc()
 	}
+	reg.RemoveTenant("x")
 	m.ForgetTenant("x")
 	mfs, err := prom.Gather()
 	if err != nil {
@@ -349,6 +350,34 @@ fairshare_scheduler_requests_total{outcome="invalid_api_key",tenant=""} 2
 fairshare_scheduler_requests_total{outcome="missing_api_key",tenant=""} 1
 `
 	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), "fairshare_scheduler_requests_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestForgetTenantAfterReAdd: a ForgetTenant of a removed tenant that runs
+// after a tenant of the same id was added again and counted (removal hooks
+// run after the registry lets go of the id) keeps the new tenant's series.
+func TestForgetTenantAfterReAdd(t *testing.T) {
+	reg := registry.New(clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
+	if err := reg.UpsertTenant(registry.TenantPolicy{ID: "a", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	prom := prometheus.NewRegistry()
+	m := New(prom, nil)
+	m.Tenant(reg.Tenant("a")).Charged().Add(5)
+	reg.RemoveTenant("a")
+	if err := reg.UpsertTenant(registry.TenantPolicy{ID: "a", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	again := m.Tenant(reg.Tenant("a"))
+	again.Charged().Add(2)
+	m.ForgetTenant("a") // the old tenant's removal, late
+	again.Charged().Add(1)
+	want := `# HELP fairshare_scheduler_charged_weighted_tokens_total Weighted tokens charged at admission (prompt*w_in + max output*w_out), by tenant.
+# TYPE fairshare_scheduler_charged_weighted_tokens_total counter
+fairshare_scheduler_charged_weighted_tokens_total{tenant="a"} 3
+`
+	if err := testutil.GatherAndCompare(prom, strings.NewReader(want), "fairshare_scheduler_charged_weighted_tokens_total"); err != nil {
 		t.Error(err)
 	}
 }
