@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
+	"github.com/tiktoken-go/tokenizer/codec"
 )
 
 const (
@@ -32,7 +33,7 @@ const (
 )
 
 var cl100k = sync.OnceValues(func() (tokenizer.Codec, error) {
-	return tokenizer.Get(tokenizer.Cl100kBase)
+	return codec.NewCl100kBase(), nil
 })
 
 // Load loads the cl100k_base vocabulary now if it is not loaded yet: about
