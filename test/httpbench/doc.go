@@ -42,7 +42,9 @@
 //   - Frontier: a ladder of rates, every peer at each rate in turn; a peer's
 //     figure for a bound is the highest rate whose p99 stayed under the bound
 //     with no error (0 if none); a peer leaves the ladder once it errs or its
-//     p99 passes the largest bound.
+//     p99 passes the largest bound. The bounds are the upstream's latency
+//     plus 5, 10 and 50 ms: 5, 10, 50 ms (units rps-p99-5ms, -10ms, -50ms)
+//     against the instant upstream, 25, 30, 70 ms against the 20 ms one.
 //
 // All processes share the machine's cores (the load generator included), so
 // absolute figures are of this machine only; compare peers of one run.

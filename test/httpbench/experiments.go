@@ -64,11 +64,29 @@ var Quick = Scale{
 	MemSettle: 300 * time.Millisecond, MemLoad: 300 * time.Millisecond, MemAfter: 200 * time.Millisecond, MemRate: 100,
 }
 
-// Frontier bounds of p99 latency, and their units.
-var frontierBounds = []struct {
+// frontierAdded are the frontier's bounds on the p99 latency a peer adds
+// to the upstream's own (issue: "max rate with p99 under 5, 10, 50 ms").
+var frontierAdded = []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond}
+
+// frontierBound is one bound of the frontier: a p99 latency and its unit.
+type frontierBound struct {
 	d    time.Duration
 	unit string
-}{{5 * time.Millisecond, "rps-p99-5ms"}, {10 * time.Millisecond, "rps-p99-10ms"}, {50 * time.Millisecond, "rps-p99-50ms"}}
+}
+
+// frontierBounds are the frontier's p99 bounds against an upstream of
+// latency lat: lat plus each of frontierAdded, in whole milliseconds, so
+// that a 20 ms upstream is held to p99 under 25, 30 and 70 ms (a bound
+// under the upstream's own latency no peer can meet). Units are
+// "rps-p99-<bound>ms": rps-p99-5ms, -10ms, -50ms for the instant upstream.
+func frontierBounds(lat time.Duration) []frontierBound {
+	out := make([]frontierBound, len(frontierAdded))
+	for i, a := range frontierAdded {
+		d := lat + a
+		out[i] = frontierBound{d, fmt.Sprintf("rps-p99-%dms", d.Milliseconds())}
+	}
+	return out
+}
 
 // Experiment is one unit of a run.
 type Experiment struct {
@@ -318,11 +336,12 @@ func (r *runner) frontier(ctx context.Context, lat time.Duration) error {
 	if err := warm(ts, ChatBody, r.Scale.Ladder[0], r.Scale.Warm); err != nil {
 		return err
 	}
+	bounds := frontierBounds(lat)
 	best := make([][]int, len(ts))
 	n := make([]int, len(ts))
 	active := make([]bool, len(ts))
 	for i := range ts {
-		best[i] = make([]int, len(frontierBounds))
+		best[i] = make([]int, len(bounds))
 		active[i] = true
 	}
 	for _, rate := range r.Scale.Ladder {
@@ -340,12 +359,12 @@ func (r *runner) frontier(ctx context.Context, lat time.Duration) error {
 			n[i] += s.N
 			p99 := Percentile(s.Lat, 0.99)
 			r.logf("peer=%s rate=%d/s p99=%v errors=%d", t.Peer, rate, p99, s.Errors)
-			for b, fb := range frontierBounds {
+			for b, fb := range bounds {
 				if s.Errors == 0 && p99 < fb.d {
 					best[i][b] = rate
 				}
 			}
-			if s.Errors > 0 || p99 >= frontierBounds[len(frontierBounds)-1].d {
+			if s.Errors > 0 || p99 >= bounds[len(bounds)-1].d {
 				active[i] = false
 				if s.FirstErr != "" {
 					r.logf("peer=%s leaves the ladder; first error: %.200s", t.Peer, s.FirstErr)
@@ -356,7 +375,7 @@ func (r *runner) frontier(ctx context.Context, lat time.Duration) error {
 	}
 	for i, t := range ts {
 		var units []Unit
-		for b, fb := range frontierBounds {
+		for b, fb := range bounds {
 			units = append(units, Unit{fb.unit, float64(best[i][b])})
 		}
 		if err := r.Out.Add(r.exp+"/peer="+t.Peer, n[i], units...); err != nil {

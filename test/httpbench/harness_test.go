@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,22 @@ func TestPercentile(t *testing.T) {
 }
 
 // TestProcStats reads this process's RSS and CPU from /proc.
+// TestFrontierBounds: the frontier's bounds are the upstream's latency plus
+// 5, 10 and 50 ms, named by the whole bound.
+func TestFrontierBounds(t *testing.T) {
+	for _, c := range []struct {
+		lat  time.Duration
+		want []frontierBound
+	}{
+		{0, []frontierBound{{5 * time.Millisecond, "rps-p99-5ms"}, {10 * time.Millisecond, "rps-p99-10ms"}, {50 * time.Millisecond, "rps-p99-50ms"}}},
+		{20 * time.Millisecond, []frontierBound{{25 * time.Millisecond, "rps-p99-25ms"}, {30 * time.Millisecond, "rps-p99-30ms"}, {70 * time.Millisecond, "rps-p99-70ms"}}},
+	} {
+		if got := frontierBounds(c.lat); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("frontierBounds(%v) = %v, want %v", c.lat, got, c.want)
+		}
+	}
+}
+
 func TestProcStats(t *testing.T) {
 	rss, err := rssMB(os.Getpid())
 	if err != nil || rss <= 0 || math.IsInf(rss, 0) {
@@ -84,8 +101,12 @@ func expected() map[string]struct {
 			}
 			m["HTTPAddedLatency/upstream="+up+"/peer="+p] = row{u, 0}
 		}
+		fu := []string{"rps-p99-5ms", "rps-p99-10ms", "rps-p99-50ms"}
+		if up == "20ms" { // bounds above the upstream's own 20 ms
+			fu = []string{"rps-p99-25ms", "rps-p99-30ms", "rps-p99-70ms"}
+		}
 		for _, p := range []string{"direct", "proxy", "gateway/tenants=10000"} {
-			m["HTTPFrontier/upstream="+up+"/peer="+p] = row{[]string{"rps-p99-5ms", "rps-p99-10ms", "rps-p99-50ms"}, 0}
+			m["HTTPFrontier/upstream="+up+"/peer="+p] = row{fu, 0}
 		}
 	}
 	q := Quick
@@ -202,7 +223,8 @@ func TestQuickRun(t *testing.T) {
 			}
 		}
 		for _, ord := range [][]string{{"p50-us", "p99-us", "p99.9-us"}, {"ttft-p50-us", "ttft-p99-us"},
-			{"gap-p50-us", "gap-p99-us", "gap-max-us"}, {"rps-p99-5ms", "rps-p99-10ms", "rps-p99-50ms"}} {
+			{"gap-p50-us", "gap-p99-us", "gap-max-us"}, {"rps-p99-5ms", "rps-p99-10ms", "rps-p99-50ms"},
+			{"rps-p99-25ms", "rps-p99-30ms", "rps-p99-70ms"}} {
 			for i := 1; i < len(ord); i++ {
 				a, okA := vals[ord[i-1]]
 				b, okB := vals[ord[i]]
