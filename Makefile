@@ -79,7 +79,7 @@ test-helm: tools ## helm lint and template with default and non-default values, 
 	$(HELM) lint charts/fairshare -f hack/testdata/values-nondefault.yaml
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system >/dev/null
 	$(HELM) template fairshare charts/fairshare --namespace fairshare-system -f hack/testdata/values-nondefault.yaml >/dev/null
-	$(GO) test -count=1 -timeout 5m ./test/helm/...
+	$(GO) test -count=1 -timeout 12m ./test/helm/...
 
 .PHONY: test-exercises
 test-exercises: ## Seed 002 exercises B and D on the real gateway and simulator, asserted (about 30 s).

@@ -59,11 +59,15 @@ func TestHelmInstall(t *testing.T) {
 	defer cancel()
 	work := t.TempDir()
 
-	// Build the operator while the control plane starts.
+	// Build the operator while the control plane starts. The build has a
+	// bound of its own: on a fresh machine (an empty build cache) it can
+	// take longer than every cluster step together.
+	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancelBuild()
 	built := make(chan error, 1)
 	manager := filepath.Join(work, "manager")
 	go func() {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", manager, "./cmd/manager")
+		cmd := exec.CommandContext(buildCtx, "go", "build", "-o", manager, "./cmd/manager")
 		cmd.Dir = framework.RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
@@ -195,6 +199,9 @@ func TestHelmInstall(t *testing.T) {
 	if err := <-built; err != nil {
 		t.Fatal(err)
 	}
+	// The operator's steps get their own 2 minutes, whatever the build took.
+	ctx, cancelOp := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancelOp()
 	op, err := framework.Start("manager", work, manager, local)
 	if err != nil {
 		t.Fatal(err)
