@@ -11,10 +11,6 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
-// TestTenantSeriesNotRecreatedAfterForget: a series of a removed tenant
-// that was not used before the removal must not be created by a later
-// count through the tenant's cached TenantSeries (an in-flight call
-// settling after ForgetTenant), as TenantSeries' doc promises.
 // TestTenantSeriesNotRecreatedAfterForget: after RemoveTenant and ForgetTenant,
 // series the tenant had not used before (used tokens, batch admissions) are
 // not created by later counts of a call still in flight.
