@@ -23,6 +23,7 @@ import (
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 	"github.com/fairshare-dev/fairshare/controllers"
 	"github.com/fairshare-dev/fairshare/internal/render"
+	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 )
 
 // Flag defaults.
@@ -100,7 +101,9 @@ func Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&cfg.Zap)))
+	log := zap.New(zap.UseFlagOptions(&cfg.Zap))
+	ctrl.SetLogger(log)
+	runtimeconfig.ApplyMemoryLimit(log)
 	restConfig, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)

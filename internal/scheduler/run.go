@@ -61,6 +61,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/kube"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
@@ -140,6 +141,7 @@ func Run(ctx context.Context, args []string) error {
 	s = applyFlags(s, f)
 	log := zap.New(zap.UseFlagOptions(&f.Zap)).WithValues("pool", s.PoolName, "namespace", s.Namespace)
 	ctrl.SetLogger(log)
+	runtimeconfig.ApplyMemoryLimit(log)
 	cfg, err := restConfig(f.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)

@@ -1,6 +1,7 @@
 // Command gateway serves the Fairshare gateway for the HTTP benchmarks
 // (package httpbench), built as the scheduler builds it
-// (internal/scheduler run.go): a registry on the real clock, a Prometheus
+// (internal/scheduler run.go): the Go memory limit from the cgroup
+// (runtimeconfig.ApplyMemoryLimit; none on a machine without one), a registry on the real clock, a Prometheus
 // registry with the Go and process collectors and metrics.New on it, an
 // in-memory job store (the scheduler's default without a job store path),
 // gateway.New served by gateway.NewServer with its dispatcher (Gateway.Run),
@@ -48,6 +49,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
@@ -86,6 +88,7 @@ func run(addr, upstream string, tenants, conc int, cpuprofile, memprofile string
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	log := zap.New()
+	runtimeconfig.ApplyMemoryLimit(log) // as the scheduler does: no limit outside a container
 	clk := clock.RealClock{}
 	reg := registry.New(clk)
 	if err := reg.SetPool(registry.PoolPolicy{
