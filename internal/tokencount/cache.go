@@ -40,9 +40,13 @@ const (
 	countMask = 1<<countBits - 1
 )
 
-// DefaultCacheSlots is the number of slots of the gateway's cache: 8192
-// texts in 64 KiB.
-const DefaultCacheSlots = 8192
+// DefaultCacheSlots is the number of slots of the gateway's cache: 65,536
+// texts in 512 KiB. A text stays until another one lands in its slot, so an
+// entry lives for about DefaultCacheSlots new texts: at 500 requests a
+// second bringing one or two new texts each, about a minute, the time a
+// user takes to write the next turn of a conversation (8,192 slots kept a
+// text about 10 s). The pages of slots never written are not resident.
+const DefaultCacheSlots = 1 << 16
 
 // NewCache returns a Cache of slots slots (rounded up to a power of two,
 // at least 1), counting misses with Text.
