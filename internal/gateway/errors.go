@@ -35,6 +35,9 @@ const (
 	codeInvalidRequest         = "invalid_request"
 	codeModelNotFound          = "model_not_found"
 	codeQueueFull              = "queue_full"
+	// codeBatchDisabled: the tenant's plan allows no batch jobs
+	// (spec.batch.maxQueuedJobs is 0): 403, not retryable.
+	codeBatchDisabled = "batch_disabled"
 	codePoolQueueFull          = "pool_queue_full"
 	codeBudgetExhausted        = "budget_exhausted"
 	codeUpstreamQuotaExhausted = "upstream_quota_exhausted"

@@ -182,9 +182,15 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 // written or counted). A job that can never fit the tenant's limits is
 // refused now (413 request_too_large, BC-10) instead of sitting at the head
 // of the tenant's queue; a full tenant queue is 429 queue_full with a
-// Retry-After estimated from the tenant's token rate. POST /v1/jobs and
-// each line of POST /v1/jobs/bulk go through it.
+// Retry-After estimated from the tenant's token rate; a tenant whose plan
+// allows no queued job (spec.batch.maxQueuedJobs 0) gets 403 batch_disabled
+// at once, with no Retry-After, since waiting would not help. POST /v1/jobs
+// and each line of POST /v1/jobs/bulk go through it.
 func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr submitRequest) (jobs.Job, *apiError) {
+	if t.Policy().MaxQueued == 0 {
+		return jobs.Job{}, &apiError{status: http.StatusForbidden, typ: typePermission, code: codeBatchDisabled,
+			message: "The tenant's plan allows no batch jobs (its TenantQuota sets spec.batch.maxQueuedJobs to 0)."}
+	}
 	if sr.Endpoint == "" {
 		sr.Endpoint = endpointChat
 	}

@@ -250,6 +250,36 @@ func TestJobQueueFull(t *testing.T) {
 	}
 }
 
+// TestJobBatchDisabled: a plan with maxQueuedJobs 0 allows no batch job:
+// 403 batch_disabled with no Retry-After (waiting would not help), nothing
+// stored, on POST /v1/jobs and on each line of a bulk submission, while the
+// tenant's interactive calls and other tenants' jobs go on.
+func TestJobBatchDisabled(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	a := tenant("a", limiter.Limits{})
+	a.MaxQueued = 0
+	e := newEnv(t, up, []registry.TenantPolicy{a, tenant("b", limiter.Limits{})})
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 100, ""))
+	body := decode[errorBody](t, resp)
+	if resp.StatusCode != 403 || body.Error.Code != "batch_disabled" || body.Error.Type != "permission_error" || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("got %d %+v Retry-After %q, want 403 permission_error batch_disabled without Retry-After", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+	if want := "The tenant's plan allows no batch jobs (its TenantQuota sets spec.batch.maxQueuedJobs to 0)."; body.Error.Message != want {
+		t.Errorf("message %q, want %q", body.Error.Message, want)
+	}
+	if list, _, err := e.store.List("a", jobs.Filter{}); err != nil || len(list) != 0 {
+		t.Errorf("stored jobs of a: %d (%v), want 0", len(list), err)
+	}
+	bulk := decode[bulkResponse](t, e.bulk("key-a", jobBody(10, 100, "")+"\n"+jobBody(10, 100, "")+"\n"))
+	if got := summarize(bulk); len(got) != 2 || got[0].code != codeBatchDisabled || got[0].status != 403 || got[1].code != codeBatchDisabled {
+		t.Errorf("bulk lines %+v, want both 403 batch_disabled", got)
+	}
+	if resp := e.do("POST", "/v1/chat/completions", "key-a", chatBody(10)); resp.StatusCode != 200 {
+		t.Errorf("interactive call of a: %d, want 200", resp.StatusCode)
+	}
+	e.submit("key-b", jobBody(10, 100, ""))
+}
+
 // TestJobUpstream429RequeuedWithoutDoubleCharge: an upstream 429 pauses the
 // model and puts the job back at its tenant's head, refunded; after the
 // pause it succeeds on its second attempt and is charged once.
