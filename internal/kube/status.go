@@ -289,6 +289,18 @@ func mtime(t time.Time) *metav1.Time {
 	return &m
 }
 
+// mtimeCeil is mtime rounded up to the second: the end of a pause is never
+// shown before it.
+func mtimeCeil(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	if u := t.Truncate(time.Second); !u.Equal(t) {
+		t = u.Add(time.Second)
+	}
+	return mtime(t)
+}
+
 func cond(typ string, ok bool, gen int64, reason, msg string) metav1.Condition {
 	s := metav1.ConditionFalse
 	if ok {
@@ -478,7 +490,9 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 		s := m.Status
 		paused = paused || s.Paused
 		atReserve = atReserve || s.AtReserve
-		if s.PausedUntil.After(pausedUntil) {
+		// Only a pause in force: an ended one leaves status.pausedUntil
+		// (omitted from the apply, which removes it).
+		if s.Paused && s.PausedUntil.After(pausedUntil) {
 			pausedUntil = s.PausedUntil
 		}
 		if s.TokensRemaining >= 0 && (remaining < 0 || s.TokensRemaining < remaining) {
@@ -498,7 +512,7 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 			mq.RemainingRequests = ptr(s.RequestsRemaining)
 		}
 		if s.Paused {
-			mq.PausedUntil = mtime(s.PausedUntil)
+			mq.PausedUntil = mtimeCeil(s.PausedUntil)
 			pausedModels = append(pausedModels, mq)
 		} else {
 			otherModels = append(otherModels, mq)
@@ -524,7 +538,7 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 	if remaining >= 0 {
 		ps.RemainingTokens = ptr(remaining)
 	}
-	ps.PausedUntil = mtime(pausedUntil)
+	ps.PausedUntil = mtimeCeil(pausedUntil)
 	ps.Backlog, ps.InFlight = ptr(snap.Backlog), ptr(snap.InFlight)
 	ps.Tenants, ps.UpstreamThrottled = ptr(int64(len(snap.Tenants))), ptr(snap.UpstreamThrottled)
 	ps.UsageTiers = usageTiers(snap.Tenants)
