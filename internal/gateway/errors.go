@@ -35,9 +35,6 @@ const (
 	codeInvalidRequest         = "invalid_request"
 	codeModelNotFound          = "model_not_found"
 	codeQueueFull              = "queue_full"
-	// codeBatchDisabled: the tenant's plan allows no batch jobs
-	// (spec.batch.maxQueuedJobs is 0): 403, not retryable.
-	codeBatchDisabled = "batch_disabled"
 	codePoolQueueFull          = "pool_queue_full"
 	codeBudgetExhausted        = "budget_exhausted"
 	codeUpstreamQuotaExhausted = "upstream_quota_exhausted"
@@ -59,6 +56,9 @@ const (
 	codeStreamNotSupported     = "stream_not_supported"
 	codeMethodNotAllowed       = "method_not_allowed"
 	codeMaxTokensTooLarge      = "max_tokens_too_large"
+	// codeBatchDisabled: the tenant's plan allows no batch jobs
+	// (spec.batch.maxQueuedJobs is 0): 403, not retryable.
+	codeBatchDisabled = "batch_disabled"
 )
 
 // Quota units of quotaDim. unitTokens and unitRequests name the
