@@ -463,7 +463,10 @@ type verdict struct {
 	jitter bool          // wait ends at a herd instant (reset): spread it
 }
 
-func reserveOf(lim, pct int64) int64 { return (lim*pct + 99) / 100 }
+// reserveOf is the reserve of a limit, ceil(lim*pct/100) for lim >= 0 and
+// pct in [0, 99], computed without overflow for every lim up to
+// math.MaxInt64.
+func reserveOf(lim, pct int64) int64 { return lim/100*pct + (lim%100*pct+99)/100 }
 
 // check answers for a call of cost units with reservePct percent of the
 // limit kept back.
@@ -1041,6 +1044,21 @@ func (t *Throttle) PausedUntil() time.Time {
 	return t.pausedUntil
 }
 
+// floorCount is the count a level reads as in Status: floor(level) clamped
+// to [0, math.MaxInt64]. A limit near math.MaxInt64 gives a level of 2^63
+// once converted to float64, which int64() would wrap to a negative count
+// (read as 0); it reads math.MaxInt64 instead. NaN reads 0.
+func floorCount(level float64) int64 {
+	f := math.Floor(level)
+	switch {
+	case !(f > 0): // also NaN
+		return 0
+	case f >= 1<<63: // float64(math.MaxInt64) rounds up to 2^63
+		return math.MaxInt64
+	}
+	return int64(f)
+}
+
 // Status returns a snapshot at now.
 func (t *Throttle) Status(now time.Time) Status {
 	t.mu.Lock()
@@ -1058,7 +1076,7 @@ func (t *Throttle) Status(now time.Time) Status {
 		lims[i], rems[i] = lim, -1
 		switch m {
 		case modeContinuous, modeStep, modeWindow, modeBlocked:
-			rems[i] = max(int64(math.Floor(level+levelEpsilon)), 0)
+			rems[i] = floorCount(level + levelEpsilon)
 		}
 		if d.hasFig && d.figReset >= 0 {
 			resets[i] = d.figAt.Add(d.figReset)
