@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -47,6 +48,14 @@ const maxShownModels = 8
 // invalid spec's error text can be long), so that a status stays under
 // 4 KB (see TestStatusSize).
 const maxMessageBytes = 256
+
+// Condition reasons of the scheduler's own, beside those of api/v1alpha1
+// (all are listed in docs/api.md, "Conditions").
+const (
+	// ReasonSuspended (TenantQuota Throttled True): a limit of the tenant
+	// is 0, which suspends it (403 tenant_suspended).
+	ReasonSuspended = "Suspended"
+)
 
 // State is what the sync reconcilers tell the status writer beyond the
 // registry: the last pool load error.
@@ -301,6 +310,23 @@ func mtimeCeil(t time.Time) *metav1.Time {
 	return mtime(t)
 }
 
+// suspendedMessage is the Throttled message of a tenant suspended by the
+// limits named in zero (spec paths); dryRun: the tenant's mode is DryRun,
+// whose requests are admitted all the same.
+func suspendedMessage(zero []string, dryRun bool) string {
+	names := zero[0]
+	verb := "is"
+	if n := len(zero); n > 1 {
+		names = strings.Join(zero[:n-1], ", ") + " and " + zero[n-1]
+		verb = "are"
+	}
+	msg := fmt.Sprintf("A limit of 0 suspends the tenant: %s %s 0; requests are refused with 403 tenant_suspended.", names, verb)
+	if dryRun {
+		msg = fmt.Sprintf("A limit of 0 suspends the tenant: %s %s 0; in DryRun mode requests are admitted and counted in status.dryRunRejections (tenant_suspended).", names, verb)
+	}
+	return msg
+}
+
 func cond(typ string, ok bool, gen int64, reason, msg string) metav1.Condition {
 	s := metav1.ConditionFalse
 	if ok {
@@ -381,7 +407,9 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 			}
 		} else {
 			limited := cond(v1alpha1.ConditionThrottled, false, t.Generation, v1alpha1.ReasonWithinLimits, "No limit binds.")
-			if t.Limiter.Limited {
+			if zero := suspendingLimits(t.Limits); len(zero) > 0 {
+				limited = cond(v1alpha1.ConditionThrottled, true, t.Generation, ReasonSuspended, suspendedMessage(zero, t.DryRun))
+			} else if t.Limiter.Limited {
 				limited = cond(v1alpha1.ConditionThrottled, true, t.Generation, v1alpha1.ReasonTenantLimited,
 					"The tenant is at its token, request, concurrency or KV-block limit.")
 			}

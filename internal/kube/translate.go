@@ -141,6 +141,30 @@ func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 	return out
 }
 
+// suspendingLimits returns the spec paths of the limits in l that suspend
+// the tenant (a value of 0, or below: limiter.Limits), in spec order; nil
+// when none does. It is TenantPolicy's translation of the limits read
+// backwards, for the tenant's status.
+func suspendingLimits(l limiter.Limits) []string {
+	var out []string
+	for _, f := range []struct {
+		v    *int64
+		path string
+	}{
+		{l.WeightedPerMinute, "spec.tokens.weightedPerMinute"},
+		{l.InputPerMinute, "spec.tokens.inputPerMinute"},
+		{l.OutputPerMinute, "spec.tokens.outputPerMinute"},
+		{l.RequestsPerMinute, "spec.requests.perMinute"},
+		{l.MaxConcurrent, "spec.maxConcurrentRequests"},
+		{l.MaxKVBlocks, "spec.maxKVBlocks"},
+	} {
+		if f.v != nil && *f.v <= 0 {
+			out = append(out, f.path)
+		}
+	}
+	return out
+}
+
 func copyInt64(p *int64) *int64 {
 	if p == nil {
 		return nil
