@@ -58,12 +58,18 @@ type SecretKeyRef struct {
 
 // UpstreamSpec is the provider account the pool shares.
 type UpstreamSpec struct {
-	// baseURL is the provider's OpenAI-compatible base URL, without the
-	// `/v1/...` path, for example `https://api.openai.com`.
+	// baseURL is the provider's OpenAI-compatible base URL: an http:// or
+	// https:// URL with a host, at most 2048 characters, without the
+	// `/v1/...` path, for example `https://api.openai.com`. The scheduler
+	// appends `/v1/chat/completions` and the like itself, so a URL whose path
+	// ends in `/v1` or `/v1/` (`https://api.openai.com/v1`) is refused.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
-	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="spec.upstream.baseURL must start with http:// or https://"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(?i:https?)://')",message="spec.upstream.baseURL must start with http:// or https://"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || isURL(self)",message="spec.upstream.baseURL must be a valid URL, for example https://api.openai.com"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || url(self).getHostname() != ''",message="spec.upstream.baseURL must have a host, for example https://api.openai.com"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !(url(self).getEscapedPath().endsWith('/v1') || url(self).getEscapedPath().endsWith('/v1/'))",message="spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/... (for example /v1/chat/completions) itself, so use https://api.openai.com, not https://api.openai.com/v1"
 	BaseURL string `json:"baseURL"`
 
 	// dialect is a hint for the provider's rate-limit header dialect.

@@ -5,12 +5,15 @@ package cel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -95,6 +98,7 @@ func TestCreateValidation(t *testing.T) {
 		gvk     schema.GroupVersionKind
 		spec    map[string]any
 		wantErr []string // substrings of the API server's message; nil = accepted
+		causes  int      // when > 0, the number of errors the API server reports
 	}{
 		"valid tenant":           {gvk: tqGVK, spec: validTenant()},
 		"valid pool":             {gvk: poolGVK, spec: validPool()},
@@ -131,18 +135,40 @@ func TestCreateValidation(t *testing.T) {
 		"reserve 100 percent":    {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", 100), wantErr: []string{"spec.reserve.interactivePercent", "less than or equal to 99"}},
 		"negative reserve":       {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", -1), wantErr: []string{"spec.reserve.interactivePercent"}},
 		"reserve 0 is valid":     {gvk: poolGVK, spec: with(validPool(), "reserve.interactivePercent", 0)},
-		"baseURL without scheme": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "api.example.com"), wantErr: []string{"spec.upstream.baseURL must start with http:// or https://"}},
-		"no models":              {gvk: poolGVK, spec: with(validPool(), "models", []any{}), wantErr: []string{"spec.models"}},
-		"output weight 0":        {gvk: poolGVK, spec: with(validPool(), "costModel.outputTokenWeight", 0), wantErr: []string{"spec.costModel.outputTokenWeight"}},
-		"bad dialect":            {gvk: poolGVK, spec: with(validPool(), "upstream.dialect", "Klingon"), wantErr: []string{"spec.upstream.dialect", "Unsupported value"}},
-		"bad identification":     {gvk: poolGVK, spec: with(validPool(), "tenantIdentification.mode", "Cookie"), wantErr: []string{"spec.tenantIdentification.mode"}},
-		"zero replicas":          {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 0), wantErr: []string{"spec.scheduler.replicas"}},
-		"status interval 0":      {gvk: poolGVK, spec: with(validPool(), "scheduler.statusIntervalSeconds", 0), wantErr: []string{"spec.scheduler.statusIntervalSeconds"}},
-		"bad job store type":     {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.type", "Disk"), wantErr: []string{"spec.scheduler.jobStore.type", "Unsupported value"}},
-		"bad job store access":   {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.accessMode", "ReadOnlyMany"), wantErr: []string{"spec.scheduler.jobStore.accessMode", "Unsupported value"}},
-		"job store size 0":       {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "0"), wantErr: []string{"spec.scheduler.jobStore.size must be a positive quantity"}},
-		"job store size garbage": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "lots"), wantErr: []string{"spec.scheduler.jobStore.size"}},
-		"empty storage class":    {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", ""), wantErr: []string{"spec.scheduler.jobStore.storageClassName"}},
+		"baseURL without scheme": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "api.example.com"), wantErr: []string{"spec.upstream.baseURL must start with http:// or https://"}, causes: 1},
+		"baseURL of another scheme": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "ftp://api.example.com"),
+			wantErr: []string{"spec.upstream.baseURL: Invalid value: \"string\": spec.upstream.baseURL must start with http:// or https://"}, causes: 1},
+		"baseURL with a space in the host": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "http://exa mple.com"),
+			wantErr: []string{"spec.upstream.baseURL: Invalid value: \"string\": spec.upstream.baseURL must be a valid URL, for example https://api.openai.com"}, causes: 1},
+		"baseURL with a fragment": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://api.example.com#x"),
+			wantErr: []string{"spec.upstream.baseURL must be a valid URL, for example https://api.openai.com"}, causes: 1},
+		"baseURL without a host": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://"),
+			wantErr: []string{"spec.upstream.baseURL: Invalid value: \"string\": spec.upstream.baseURL must have a host, for example https://api.openai.com"}, causes: 1},
+		"baseURL with a port and no host": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "http://:8080"),
+			wantErr: []string{"spec.upstream.baseURL must have a host, for example https://api.openai.com"}, causes: 1},
+		"baseURL ending in /v1": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://api.openai.com/v1"),
+			wantErr: []string{"spec.upstream.baseURL: Invalid value: \"string\": spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/... (for example /v1/chat/completions) itself, so use https://api.openai.com, not https://api.openai.com/v1"}, causes: 1},
+		"baseURL ending in /v1/": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://api.openai.com/v1/"),
+			wantErr: []string{"spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/..."}, causes: 1},
+		"baseURL of a gateway path ending in /v1": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/openai/v1"),
+			wantErr: []string{"spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/..."}, causes: 1},
+		"baseURL of a gateway path":         {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/openai")},
+		"baseURL with a path /v1beta":       {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/v1beta")},
+		"baseURL with a trailing slash":     {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://api.openai.com/")},
+		"baseURL of a Service with a port":  {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "http://providersim.fairshare-system.svc:8080")},
+		"baseURL of an IPv6 host":           {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://[::1]:8443")},
+		"baseURL with an upper-case scheme": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "HTTPS://api.example.com")},
+		"no models":                         {gvk: poolGVK, spec: with(validPool(), "models", []any{}), wantErr: []string{"spec.models"}},
+		"output weight 0":                   {gvk: poolGVK, spec: with(validPool(), "costModel.outputTokenWeight", 0), wantErr: []string{"spec.costModel.outputTokenWeight"}},
+		"bad dialect":                       {gvk: poolGVK, spec: with(validPool(), "upstream.dialect", "Klingon"), wantErr: []string{"spec.upstream.dialect", "Unsupported value"}},
+		"bad identification":                {gvk: poolGVK, spec: with(validPool(), "tenantIdentification.mode", "Cookie"), wantErr: []string{"spec.tenantIdentification.mode"}},
+		"zero replicas":                     {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 0), wantErr: []string{"spec.scheduler.replicas"}},
+		"status interval 0":                 {gvk: poolGVK, spec: with(validPool(), "scheduler.statusIntervalSeconds", 0), wantErr: []string{"spec.scheduler.statusIntervalSeconds"}},
+		"bad job store type":                {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.type", "Disk"), wantErr: []string{"spec.scheduler.jobStore.type", "Unsupported value"}},
+		"bad job store access":              {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.accessMode", "ReadOnlyMany"), wantErr: []string{"spec.scheduler.jobStore.accessMode", "Unsupported value"}},
+		"job store size 0":                  {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "0"), wantErr: []string{"spec.scheduler.jobStore.size must be a positive quantity"}},
+		"job store size garbage":            {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.size", "lots"), wantErr: []string{"spec.scheduler.jobStore.size"}},
+		"empty storage class":               {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", ""), wantErr: []string{"spec.scheduler.jobStore.storageClassName"}},
 		"replicas 2 with a ReadWriteOnce volume": {gvk: poolGVK, spec: with(validPool(), "scheduler.replicas", 2),
 			wantErr: []string{"spec.scheduler.jobStore.accessMode must be ReadWriteMany when spec.scheduler.replicas > 1 with a Volume job store: a standby replica on another node cannot mount a ReadWriteOnce claim"}},
 		"replicas 2 with an explicit ReadWriteOnce volume": {gvk: poolGVK,
@@ -175,8 +201,22 @@ func TestCreateValidation(t *testing.T) {
 					t.Errorf("error %q does not contain %q", err, w)
 				}
 			}
+			if tc.causes > 0 {
+				if n := len(causes(err)); n != tc.causes {
+					t.Errorf("error %q has %d causes, want %d", err, n, tc.causes)
+				}
+			}
 		})
 	}
+}
+
+// causes returns the field errors of an API server refusal.
+func causes(err error) []metav1.StatusCause {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) || st.Status().Details == nil {
+		return nil
+	}
+	return st.Status().Details.Causes
 }
 
 func TestDefaults(t *testing.T) {
