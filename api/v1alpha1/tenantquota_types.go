@@ -75,8 +75,10 @@ type TokenLimits struct {
 
 	// burst is the capacity of the weighted token bucket, in weighted tokens:
 	// the most a tenant may spend at once after being idle. Defaults to one
-	// sixth of weightedPerMinute (ten seconds of refill). A request whose cost
-	// exceeds it can never be admitted and is refused with 413 `request_too_large`.
+	// sixth of weightedPerMinute (ten seconds of refill). Needs
+	// weightedPerMinute and must be at least one second of it
+	// (weightedPerMinute/60). A request whose cost exceeds it can never be
+	// admitted and is refused with 413 `request_too_large`.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000000000
@@ -101,6 +103,7 @@ type TokenLimits struct {
 // RequestLimits are a tenant's request rate.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || !has(self.perMinute) || self.burst * 60 >= self.perMinute",message="spec.requests.burst must be at least one second of spec.requests.perMinute (perMinute/60 requests)"
+// +kubebuilder:validation:XValidation:rule="!has(self.burst) || has(self.perMinute)",message="spec.requests.burst needs spec.requests.perMinute"
 type RequestLimits struct {
 	// perMinute is the sustained request rate, in requests per minute. Unset
 	// is unlimited; 0 suspends the tenant.
@@ -110,7 +113,8 @@ type RequestLimits struct {
 	PerMinute *int64 `json:"perMinute,omitempty"`
 
 	// burst is the capacity of the request bucket, in requests. Defaults to
-	// one sixth of perMinute, at least 1.
+	// one sixth of perMinute, at least 1. Needs perMinute and must be at
+	// least one second of it (perMinute/60).
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000000000
