@@ -102,16 +102,19 @@ type ModelSpec struct {
 	Name string `json:"name"`
 
 	// tokensPerMinute is the provider's tokens-per-minute quota for this
-	// model, in provider tokens (prompt + max output). A hint: the provider's
-	// headers override it once seen.
+	// model, in provider tokens (prompt + max output), in [1, 10^15] (the
+	// largest quota figure the scheduler reads from provider headers). A
+	// hint: the provider's headers override it once seen.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000000
 	TokensPerMinute *int64 `json:"tokensPerMinute,omitempty"`
 
 	// requestsPerMinute is the provider's requests-per-minute quota for this
-	// model. A hint, like tokensPerMinute.
+	// model, in [1, 10^15]. A hint, like tokensPerMinute.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000000
 	RequestsPerMinute *int64 `json:"requestsPerMinute,omitempty"`
 }
 

@@ -142,9 +142,11 @@ type BatchSpec struct {
 
 // Budget is a tenant's spend per calendar period, in weighted tokens.
 type Budget struct {
-	// weightedTokens is the tenant's budget per period, in weighted tokens.
+	// weightedTokens is the tenant's budget per period, in weighted tokens,
+	// in [0, 10^15].
 	// +required
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000000000000
 	WeightedTokens int64 `json:"weightedTokens"`
 
 	// period is Day or Month (UTC calendar). Defaults to Month.
