@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -126,17 +127,17 @@ func TestProviderPoolReadyFollowsDeployment(t *testing.T) {
 	}
 }
 
-func TestProviderPoolInvalidSpecIsNotAccepted(t *testing.T) {
+// TestProviderPoolUnrenderableNameIsRefused: a valid object name that is not
+// a DNS-1035 label ("<pool>-scheduler" cannot be rendered) is refused by the
+// API server (the CRD's CEL rule), so the operator never sees such a pool.
+// The operator's own check, which sets Accepted=False InvalidSpec, is
+// covered by the render unit tests.
+func TestProviderPoolUnrenderableNameIsRefused(t *testing.T) {
 	requireEnv(t)
 	ns := newNamespace(t)
-	// A valid object name that is not a DNS-1035 label: the Service name cannot be rendered.
-	pool := makePool(ns, "1st-pool")
-	create(t, pool)
-	eventually(t, "Accepted=False InvalidSpec", wantCondition(pool, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec))
-	eventually(t, "Ready=False RenderFailed", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonRenderFailed))
-	err := k8sClient.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "1st-pool-scheduler"}, &appsv1.Deployment{})
-	if !apierrors.IsNotFound(err) {
-		t.Errorf("Deployment of an invalid pool: got err %v, want NotFound", err)
+	err := k8sClient.Create(context.Background(), makePool(ns, "1st-pool"))
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "metadata.name of a ProviderPool must be a DNS-1035 label of at most 53 characters") {
+		t.Fatalf("creating pool 1st-pool: got %v, want Invalid naming metadata.name", err)
 	}
 }
 

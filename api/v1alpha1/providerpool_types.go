@@ -588,11 +588,16 @@ type ProviderPoolStatus struct {
 
 // ProviderPool is one upstream LLM provider account (endpoint, credentials,
 // models, quota hints) shared fairly by the tenants whose TenantQuotas
-// reference it. The operator runs one scheduler Deployment per pool.
+// reference it. The operator runs one scheduler Deployment per pool, and
+// names it and the pool's other objects "<pool>-scheduler": a pool's name
+// must therefore be a DNS-1035 label (lowercase letters, digits and '-',
+// starting with a letter and ending with a letter or digit) of at most 53
+// characters.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=pool;pools,categories=fairshare
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 53 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name of a ProviderPool must be a DNS-1035 label of at most 53 characters (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit): the operator names the pool's objects <name>-scheduler"
 // +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.remainingTokens`,description="Smallest remaining provider token quota across models"
 // +kubebuilder:printcolumn:name="Paused",type=date,JSONPath=`.status.pausedUntil`,description="Paused after an upstream 429 until"
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`,description="Queued batch jobs"
