@@ -599,9 +599,10 @@ type ProviderPoolStatus struct {
 // +kubebuilder:resource:shortName=pool;pools,categories=fairshare
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 53 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name of a ProviderPool must be a DNS-1035 label of at most 53 characters (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit): the operator names the pool's objects <name>-scheduler"
 // +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.remainingTokens`,description="Smallest remaining provider token quota across models"
-// +kubebuilder:printcolumn:name="Paused",type=date,JSONPath=`.status.pausedUntil`,description="Paused after an upstream 429 until"
+// +kubebuilder:printcolumn:name="Paused-Until",type=string,JSONPath=`.status.pausedUntil`,description="End of the pause after an upstream 429 (RFC 3339, UTC)"
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`,description="Queued batch jobs"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Serving",type=string,JSONPath=`.status.conditions[?(@.type=="Serving")].status`,description="Serving condition: the pool's scheduler has loaded the pool and serves it"
 // +kubebuilder:printcolumn:name="Upstream",type=string,JSONPath=`.spec.upstream.baseURL`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProviderPool struct {

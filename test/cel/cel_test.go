@@ -22,14 +22,17 @@ import (
 	"github.com/fairshare-dev/fairshare/test/framework"
 )
 
-var k8s client.Client
+var (
+	k8s client.Client
+	env *envtest.Environment
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		fmt.Println("KUBEBUILDER_ASSETS is not set: run `make test-envtest` (it builds bin/kube-apiserver and bin/etcd)")
 		os.Exit(0)
 	}
-	env := &envtest.Environment{
+	env = &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join(framework.RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
