@@ -244,7 +244,7 @@ type JobStoreSpec struct {
 	// claim never shrinks), so a refused growth can be set back.
 	// +optional
 	// +kubebuilder:default="1Gi"
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="spec.scheduler.jobStore.size must be a positive quantity"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="spec.scheduler.jobStore.size must be a positive quantity",messageExpression="'spec.scheduler.jobStore.size must be a positive quantity, not \"' + string(self) + '\"'"
 	Size *resource.Quantity `json:"size,omitempty"`
 
 	// storageClassName of the claim. Unset: the cluster's default
