@@ -139,6 +139,7 @@ func TestComputeTenantStatus(t *testing.T) {
 	want := []metav1.Condition{
 		{Type: v1alpha1.ConditionAccepted, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, ObservedGeneration: 3, LastTransitionTime: t0},
 		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNotAccepted, ObservedGeneration: 3, LastTransitionTime: t0},
+		{Type: v1alpha1.ConditionServing, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, ObservedGeneration: 3, LastTransitionTime: t0},
 	}
 	if diff := cmp.Diff(want, got.Status.Conditions, cmpopts.IgnoreFields(metav1.Condition{}, "Message")); diff != "" {
 		t.Errorf("conditions (-want +got):\n%s", diff)

@@ -199,10 +199,10 @@ func (r *ProviderPoolReconciler) deleteJobStoreClaim(ctx context.Context, pool *
 // reconcileStatus applies desired's operator-owned status when it differs
 // from pool's, and records an event for each meaningful transition.
 func (r *ProviderPoolReconciler) reconcileStatus(ctx context.Context, pool, desired *v1alpha1.ProviderPool) error {
-	if !statusChanged(pool.Status.Conditions, desired.Status.Conditions, pool.Status.ObservedGeneration, desired.Status.ObservedGeneration) {
+	if !statusChanged(pool.Status.Conditions, desired.Status.Conditions, pool.Status.ObservedGeneration, desired.Status.ObservedGeneration, controllerConditionTypes) {
 		return nil
 	}
-	if err := applyStatus(ctx, r.client, r.scheme, pool, desired.Status.ObservedGeneration, desired.Status.Conditions); err != nil {
+	if err := applyStatus(ctx, r.client, r.scheme, pool, desired.Status.ObservedGeneration, desired.Status.Conditions, controllerConditionTypes); err != nil {
 		return fmt.Errorf("applying status of ProviderPool %s: %w", client.ObjectKeyFromObject(pool), err)
 	}
 	ready := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionReady)

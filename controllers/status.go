@@ -39,13 +39,15 @@ func setCondition(conds *[]metav1.Condition, cond metav1.Condition, now metav1.T
 }
 
 // statusChanged reports whether the operator-owned part of a status differs:
-// status.observedGeneration or any of controllerConditionTypes (type, status,
-// reason, message, observedGeneration, lastTransitionTime).
-func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGeneration int64) bool {
+// status.observedGeneration or any of the condition types in types
+// (controllerConditionTypes, and Serving for a tenant whose pool is gone:
+// tenantConditionTypes) by type, status, reason, message,
+// observedGeneration, lastTransitionTime.
+func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGeneration int64, types []string) bool {
 	if oldGeneration != newGeneration {
 		return true
 	}
-	for _, t := range controllerConditionTypes {
+	for _, t := range types {
 		if !equality.Semantic.DeepEqual(apimeta.FindStatusCondition(oldConds, t), apimeta.FindStatusCondition(newConds, t)) {
 			return true
 		}
@@ -59,16 +61,18 @@ func statusChanged(oldConds, newConds []metav1.Condition, oldGeneration, newGene
 // v1alpha1.FieldManagerController, with ForceOwnership. The apply carries only
 // apiVersion, kind, name, namespace, uid (a precondition: a recreated object
 // is not written with its predecessor's status), status.observedGeneration and
-// the controllerConditionTypes entries of conds, so fields applied by the
-// scheduler (field manager v1alpha1.FieldManagerScheduler) are left alone.
-// It returns the API server's error, if any.
-func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, obj client.Object, observedGeneration int64, conds []metav1.Condition) error {
+// the entries of conds of the condition types in types, so fields applied by
+// the scheduler (field manager v1alpha1.FieldManagerScheduler) are left
+// alone. A type the operator applied before and leaves out now is removed
+// unless the scheduler has applied it since (server-side apply's ownership
+// of listType=map entries). It returns the API server's error, if any.
+func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, obj client.Object, observedGeneration int64, conds []metav1.Condition, types []string) error {
 	gvk, err := apiutil.GVKForObject(obj, scheme)
 	if err != nil {
 		return err
 	}
-	list := make([]any, 0, len(controllerConditionTypes))
-	for _, t := range controllerConditionTypes {
+	list := make([]any, 0, len(types))
+	for _, t := range types {
 		cond := apimeta.FindStatusCondition(conds, t)
 		if cond == nil {
 			return fmt.Errorf("status apply of %s %s: condition %s not set", gvk.Kind, client.ObjectKeyFromObject(obj), t)
@@ -95,6 +99,42 @@ func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, o
 	// re-stamps a condition the server already holds.
 	u.SetResourceVersion(obj.GetResourceVersion())
 	return c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership)
+}
+
+// clearSchedulerStatus removes every status field obj holds under field
+// manager v1alpha1.FieldManagerScheduler (conditions Serving and Throttled,
+// usage, backlog, quota remaining) by applying, as that manager, an object
+// without a status. The operator calls it when the scheduler that wrote them
+// is gone with its pool: nothing else would ever take them back. It makes
+// no API call when the scheduler owns no status field (obj's managedFields),
+// and returns the API server's error, if any. On success obj's
+// resourceVersion is the written object's.
+func clearSchedulerStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, obj client.Object) error {
+	owned := false
+	for _, mf := range obj.GetManagedFields() {
+		if mf.Manager == v1alpha1.FieldManagerScheduler && mf.Subresource == "status" {
+			owned = true
+		}
+	}
+	if !owned {
+		return nil
+	}
+	gvk, err := apiutil.GVKForObject(obj, scheme)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	u.SetGroupVersionKind(gvk)
+	u.SetName(obj.GetName())
+	u.SetNamespace(obj.GetNamespace())
+	u.SetUID(obj.GetUID())
+	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership); err != nil {
+		return err
+	}
+	// The operator's own apply that follows has obj's resourceVersion as
+	// its precondition: move it on past this write.
+	obj.SetResourceVersion(u.GetResourceVersion())
+	return nil
 }
 
 // conflictRetry is how long a reconcile whose status write met a newer

@@ -78,7 +78,7 @@ func TestStatusChanged(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := statusChanged(base, tc.newConds, 1, tc.newGen); got != tc.wantChanged {
+			if got := statusChanged(base, tc.newConds, 1, tc.newGen, controllerConditionTypes); got != tc.wantChanged {
 				t.Errorf("statusChanged = %v, want %v", got, tc.wantChanged)
 			}
 		})
@@ -233,12 +233,12 @@ func TestSetTenantConditions(t *testing.T) {
 	}{
 		"pool missing": {
 			pool:         nil,
-			wantAccepted: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, Message: `ProviderPool "pool" not found in namespace "ns"; create it or fix spec.poolRef.name (poolRef is immutable)`},
+			wantAccepted: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, Message: `ProviderPool "pool" not found in namespace "ns"; create it, or delete and recreate this TenantQuota with the right spec.poolRef.name (poolRef is immutable)`},
 			wantReady:    metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNotAccepted, Message: "TenantQuota is not Accepted"},
 		},
 		"pool missing wins over a duplicate": {
 			pool: nil, holder: &holder,
-			wantAccepted: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, Message: `ProviderPool "pool" not found in namespace "ns"; create it or fix spec.poolRef.name (poolRef is immutable)`},
+			wantAccepted: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotFound, Message: `ProviderPool "pool" not found in namespace "ns"; create it, or delete and recreate this TenantQuota with the right spec.poolRef.name (poolRef is immutable)`},
 			wantReady:    metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNotAccepted, Message: "TenantQuota is not Accepted"},
 		},
 		"duplicate": {

@@ -127,10 +127,17 @@ func (r *TenantQuotaReconciler) lookupTenantIDHolder(ctx context.Context, tq *v1
 // from tq's, and records a warning event when the tenant stops being
 // Accepted or the reason changes (PoolNotFound, DuplicateTenantID).
 func (r *TenantQuotaReconciler) reconcileStatus(ctx context.Context, tq, desired *v1alpha1.TenantQuota) error {
-	if !statusChanged(tq.Status.Conditions, desired.Status.Conditions, tq.Status.ObservedGeneration, desired.Status.ObservedGeneration) {
+	types := tenantConditionTypes(desired)
+	if len(types) > len(controllerConditionTypes) {
+		// The pool is gone, and its scheduler with it: what it wrote is stale.
+		if err := clearSchedulerStatus(ctx, r.client, r.scheme, tq); err != nil {
+			return fmt.Errorf("clearing the scheduler's status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
+		}
+	}
+	if !statusChanged(tq.Status.Conditions, desired.Status.Conditions, tq.Status.ObservedGeneration, desired.Status.ObservedGeneration, types) {
 		return nil
 	}
-	if err := applyStatus(ctx, r.client, r.scheme, tq, desired.Status.ObservedGeneration, desired.Status.Conditions); err != nil {
+	if err := applyStatus(ctx, r.client, r.scheme, tq, desired.Status.ObservedGeneration, desired.Status.Conditions, types); err != nil {
 		return fmt.Errorf("applying status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
 	}
 	accepted := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionAccepted)

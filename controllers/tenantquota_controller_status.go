@@ -43,14 +43,45 @@ func poolReady(pool *v1alpha1.ProviderPool) bool {
 // it should have given its pool (nil: not found) and the TenantQuota
 // holding its tenant id (nil: none but tq): the Accepted then Ready
 // conditions (setTenantAcceptedCondition, setTenantReadyCondition, stamped
-// now) and status.observedGeneration = metadata.generation. It makes no API
-// call.
+// now), Serving when the pool is gone (setTenantServingPoolGone) and
+// status.observedGeneration = metadata.generation. It makes no API call.
 func computeTenantStatus(tq *v1alpha1.TenantQuota, pool *v1alpha1.ProviderPool, holder *v1alpha1.TenantQuota, now metav1.Time) *v1alpha1.TenantQuota {
 	desired := tq.DeepCopy()
 	setTenantAcceptedCondition(desired, pool, holder, now)
 	setTenantReadyCondition(desired, pool, now)
+	if pool == nil {
+		setTenantServingPoolGone(desired, now)
+	}
 	desired.Status.ObservedGeneration = tq.Generation
 	return desired
+}
+
+// setTenantServingPoolGone sets the tenant's Serving condition to False
+// PoolNotFound. Serving is the scheduler's condition, but a pool that does
+// not exist has no scheduler to say it stopped (its Deployment is deleted
+// with the pool): without this, a tenant whose pool was deleted kept the
+// scheduler's last Serving=True forever. Once the pool exists again the
+// operator leaves Serving out of its apply, which removes its entry until
+// the new scheduler writes its own.
+func setTenantServingPoolGone(tq *v1alpha1.TenantQuota, now metav1.Time) {
+	setCondition(&tq.Status.Conditions, metav1.Condition{
+		Type:               v1alpha1.ConditionServing,
+		Status:             metav1.ConditionFalse,
+		ObservedGeneration: tq.Generation,
+		Reason:             v1alpha1.ReasonPoolNotFound,
+		Message: fmt.Sprintf("No scheduler serves this tenant: ProviderPool %q does not exist in namespace %q",
+			tq.Spec.PoolRef.Name, tq.Namespace),
+	}, now)
+}
+
+// tenantConditionTypes are the condition types the operator applies for
+// desired (computeTenantStatus's result): controllerConditionTypes, and
+// Serving while the tenant's pool does not exist.
+func tenantConditionTypes(desired *v1alpha1.TenantQuota) []string {
+	if c := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionAccepted); c != nil && c.Reason == v1alpha1.ReasonPoolNotFound {
+		return append(controllerConditionTypes[:len(controllerConditionTypes):len(controllerConditionTypes)], v1alpha1.ConditionServing)
+	}
+	return controllerConditionTypes
 }
 
 // setTenantAcceptedCondition sets the tenant's Accepted condition:
@@ -67,7 +98,7 @@ func setTenantAcceptedCondition(tq *v1alpha1.TenantQuota, pool *v1alpha1.Provide
 	switch {
 	case pool == nil:
 		cond.Reason = v1alpha1.ReasonPoolNotFound
-		cond.Message = fmt.Sprintf("ProviderPool %q not found in namespace %q; create it or fix spec.poolRef.name (poolRef is immutable)",
+		cond.Message = fmt.Sprintf("ProviderPool %q not found in namespace %q; create it, or delete and recreate this TenantQuota with the right spec.poolRef.name (poolRef is immutable)",
 			tq.Spec.PoolRef.Name, tq.Namespace)
 	case holder != nil:
 		cond.Reason = v1alpha1.ReasonDuplicateTenantID

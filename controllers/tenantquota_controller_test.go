@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -22,6 +23,7 @@ func TestTenantQuotaPoolNotFoundRecovers(t *testing.T) {
 	create(t, tq)
 	eventually(t, "PoolNotFound", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonPoolNotFound))
 	eventually(t, "Ready=False NotAccepted", wantCondition(tq, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNotAccepted))
+	eventually(t, "Serving=False PoolNotFound", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionFalse, v1alpha1.ReasonPoolNotFound))
 	msg := apimeta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionAccepted).Message
 	if !strings.Contains(msg, `"late-pool"`) || !strings.Contains(msg, ns) {
 		t.Errorf("PoolNotFound message %q does not name the pool and namespace", msg)
@@ -42,6 +44,60 @@ func TestTenantQuotaPoolNotFoundRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "PoolNotFound after the pool is deleted", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonPoolNotFound))
+}
+
+// TestTenantQuotaServingWhenPoolDeleted: a tenant the scheduler reported
+// Serving=True does not keep it after its pool is deleted (the scheduler
+// goes with the pool and cannot say so): the operator sets Serving=False
+// PoolNotFound, and every status field the scheduler wrote (backlog here)
+// is removed. When the pool is created again the operator's Serving entry
+// is removed, and the new scheduler's write is taken as is.
+func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := readyPool(t, ns, "gone")
+	tq := makeTenant(ns, "acme", "gone", "")
+	create(t, tq)
+	eventually(t, "Accepted", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+	schedulerApply(t, "TenantQuota", ns, "acme", map[string]any{
+		"backlog":    int64(5),
+		"conditions": []any{schedulerCondition(v1alpha1.ConditionServing, v1alpha1.ReasonLoaded)},
+	})
+	eventually(t, "Serving=True from the scheduler", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionTrue, v1alpha1.ReasonLoaded))
+	if tq.Status.Backlog == nil || *tq.Status.Backlog != 5 {
+		t.Fatalf("backlog %v, want the scheduler's 5", tq.Status.Backlog)
+	}
+
+	if err := k8sClient.Delete(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "Serving=False PoolNotFound", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionFalse, v1alpha1.ReasonPoolNotFound))
+	want := `No scheduler serves this tenant: ProviderPool "gone" does not exist in namespace "` + ns + `"`
+	if c := apimeta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionServing); c.Message != want || c.ObservedGeneration != tq.Generation {
+		t.Errorf("Serving message %q observedGeneration %d, want %q %d", c.Message, c.ObservedGeneration, want, tq.Generation)
+	}
+	if tq.Status.Backlog != nil {
+		t.Errorf("backlog %d after the pool is gone, want the scheduler's stale figure removed", *tq.Status.Backlog)
+	}
+	for _, mf := range tq.ManagedFields {
+		if mf.Manager == v1alpha1.FieldManagerScheduler {
+			t.Errorf("the scheduler still owns %s fields after its pool is gone", mf.Subresource)
+		}
+	}
+
+	create(t, makePool(ns, "gone"))
+	eventually(t, "Accepted again", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+	eventually(t, "no Serving until the new scheduler writes it", func() error {
+		get(t, ns, "acme", tq)
+		if c := apimeta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionServing); c != nil {
+			return fmt.Errorf("Serving = %s/%s, want none", c.Status, c.Reason)
+		}
+		return nil
+	})
+	schedulerApply(t, "TenantQuota", ns, "acme", map[string]any{
+		"conditions": []any{schedulerCondition(v1alpha1.ConditionServing, v1alpha1.ReasonLoaded)},
+	})
+	eventually(t, "Serving=True from the new scheduler", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionTrue, v1alpha1.ReasonLoaded))
 }
 
 // TestTenantQuotaDuplicateTenantID: two TenantQuotas of one pool with the same
