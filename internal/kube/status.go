@@ -52,6 +52,17 @@ const maxMessageBytes = 256
 // Condition reasons of the scheduler's own, beside those of api/v1alpha1
 // (all are listed in docs/api.md, "Conditions").
 const (
+	// ReasonNoCredentials (TenantQuota Serving False): the pool identifies
+	// tenants by API key and the TenantQuota sets no spec.credentials.
+	ReasonNoCredentials = "NoCredentials"
+	// ReasonCredentialsNotFound (TenantQuota Serving False, APIKey pool):
+	// the key Secret does not exist, or has no value under the key.
+	ReasonCredentialsNotFound = "CredentialsNotFound"
+	// ReasonCredentialsNotReadable (TenantQuota Serving False, APIKey pool):
+	// the scheduler may not read the key Secret yet (the operator has not
+	// yet added it to the pool's Secret Role); retried every
+	// SecretRetryInterval.
+	ReasonCredentialsNotReadable = "CredentialsNotReadable"
 	// ReasonSuspended (TenantQuota Throttled True): a limit of the tenant
 	// is 0, which suspends it (403 tenant_suspended).
 	ReasonSuspended = "Suspended"
@@ -141,11 +152,19 @@ type StatusWriter struct {
 	Clock clock.WithTicker
 	// Log receives write errors.
 	Log logr.Logger
-	// Recorder, when set, receives a Warning event on a TenantQuota when
-	// the status that turns its UsageOutlier condition True is written
-	// (reason CostAboveTier or LimitViolations, the condition's message,
-	// which carries the figures; seed 002 section 7). One event per
-	// transition to True, not per pass.
+	// Recorder, when set, receives Warning events on TenantQuotas, recorded
+	// when the status that makes them true is written, once per
+	// transition, not per pass:
+	//   - UsageOutlier turns True: reason CostAboveTier or LimitViolations,
+	//     the condition's message, which carries the figures (seed 002
+	//     section 7);
+	//   - Serving turns False, or changes reason while False, with reason
+	//     InvalidSpec (an API key already used by another tenant
+	//     included), NoCredentials or CredentialsNotFound: the condition's
+	//     reason and message. Not for DuplicateTenantID (the operator
+	//     records it with Accepted False) nor CredentialsNotReadable
+	//     (transient: a new TenantQuota's Secret is readable once the
+	//     operator has updated the pool's Role, within seconds).
 	Recorder record.EventRecorder
 
 	// mu serialises passes and guards the fields below.
@@ -406,6 +425,11 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 				st.Budget = ob.lastBudget.DeepCopy()
 			}
 		} else {
+			serving := cond(v1alpha1.ConditionServing, true, t.Generation, v1alpha1.ReasonLoaded, fmt.Sprintf("The scheduler serves generation %d.", t.Generation))
+			if ki := t.KeyIssue; ki != nil && snap.Pool != nil && snap.Pool.IdentMode == registry.IdentifyAPIKey {
+				// Loaded, but no key authenticates as the tenant.
+				serving = cond(v1alpha1.ConditionServing, false, t.Generation, ki.Reason, ki.Message)
+			}
 			limited := cond(v1alpha1.ConditionThrottled, false, t.Generation, v1alpha1.ReasonWithinLimits, "No limit binds.")
 			if zero := suspendingLimits(t.Limits); len(zero) > 0 {
 				limited = cond(v1alpha1.ConditionThrottled, true, t.Generation, ReasonSuspended, suspendedMessage(zero, t.DryRun))
@@ -413,10 +437,7 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 				limited = cond(v1alpha1.ConditionThrottled, true, t.Generation, v1alpha1.ReasonTenantLimited,
 					"The tenant is at its token, request, concurrency or KV-block limit.")
 			}
-			st.Conditions = []metav1.Condition{
-				cond(v1alpha1.ConditionServing, true, t.Generation, v1alpha1.ReasonLoaded, fmt.Sprintf("The scheduler serves generation %d.", t.Generation)),
-				limited,
-			}
+			st.Conditions = []metav1.Condition{serving, limited}
 			st.Backlog, st.InFlight, st.KVBlocksInUse = ptr(t.Queued), ptr(t.Limiter.InFlight), ptr(t.Limiter.KVBlocks)
 			if t.Limiter.TokensRemaining >= 0 {
 				st.TokensRemaining = ptr(t.Limiter.TokensRemaining)
@@ -833,12 +854,30 @@ func (w *StatusWriter) load(ctx context.Context, o *objState) {
 	}
 }
 
-// recordTransitions emits the Warning event of a TenantQuota whose
-// UsageOutlier condition turns True with the status about to be marked
-// written (o.pendingConds against o.conds, the last written).
+// servingEventReasons are the reasons of a TenantQuota's Serving False
+// that are recorded as Warning events (see StatusWriter.Recorder).
+var servingEventReasons = map[string]bool{
+	v1alpha1.ReasonInvalidSpec: true,
+	ReasonNoCredentials:        true,
+	ReasonCredentialsNotFound:  true,
+}
+
+// recordTransitions emits the Warning events of a TenantQuota whose
+// UsageOutlier condition turns True, or whose Serving condition turns False
+// (or changes reason while False) with a reason of servingEventReasons,
+// with the status about to be marked written (o.pendingConds against
+// o.conds, the last written).
 func (w *StatusWriter) recordTransitions(o *objState) {
 	if w.Recorder == nil || o.kind != "TenantQuota" {
 		return
+	}
+	obj := &v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: o.name, UID: o.uid}}
+	if now := meta.FindStatusCondition(o.pendingConds, v1alpha1.ConditionServing); now != nil &&
+		now.Status == metav1.ConditionFalse && servingEventReasons[now.Reason] {
+		if was := meta.FindStatusCondition(o.conds, v1alpha1.ConditionServing); was == nil ||
+			was.Status != metav1.ConditionFalse || was.Reason != now.Reason {
+			w.Recorder.Event(obj, corev1.EventTypeWarning, now.Reason, now.Message)
+		}
 	}
 	now := meta.FindStatusCondition(o.pendingConds, v1alpha1.ConditionUsageOutlier)
 	if now == nil || now.Status != metav1.ConditionTrue {
@@ -847,6 +886,5 @@ func (w *StatusWriter) recordTransitions(o *objState) {
 	if was := meta.FindStatusCondition(o.conds, v1alpha1.ConditionUsageOutlier); was != nil && was.Status == metav1.ConditionTrue {
 		return
 	}
-	obj := &v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: o.name, UID: o.uid}}
 	w.Recorder.Event(obj, corev1.EventTypeWarning, now.Reason, now.Message)
 }

@@ -42,6 +42,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/render"
 )
 
 // RBAC of the scheduler (config/rbac/scheduler, ClusterRole
@@ -121,7 +122,11 @@ type TenantReconciler struct {
 // Reconcile applies the TenantQuota's current spec, or removes the tenant
 // when the object is gone or references another pool. A tenant with
 // credentials is requeued after SecretRereadInterval (rotation), or after
-// SecretRetryInterval while its Secret is missing or not readable.
+// SecretRetryInterval while its Secret is missing or not readable. A tenant
+// left without a key is served with a registry.KeyIssue (reason
+// NoCredentials, CredentialsNotFound or CredentialsNotReadable), which the
+// status writer reports as Serving False while the pool identifies tenants
+// by API key.
 func (r *TenantReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var tq v1alpha1.TenantQuota
 	if err := r.Get(ctx, req.NamespacedName, &tq); err != nil {
@@ -148,29 +153,44 @@ func (r *TenantReconciler) secrets() client.Reader {
 func (r *TenantReconciler) apply(ctx context.Context, tq *v1alpha1.TenantQuota) (reconcile.Result, error) {
 	pol := TenantPolicy(tq)
 	var res reconcile.Result
-	if c := tq.Spec.Credentials; c != nil {
+	c := tq.Spec.Credentials
+	if c == nil {
+		pol.KeyIssue = &registry.KeyIssue{Reason: ReasonNoCredentials,
+			Message: "The pool identifies tenants by API key and spec.credentials is not set: no key authenticates as this tenant."}
+	} else {
 		res.RequeueAfter = SecretRereadInterval
+		key := c.SecretRef.Key
+		if key == "" {
+			key = defaultSecretKey
+		}
 		var sec corev1.Secret
 		err := r.secrets().Get(ctx, types.NamespacedName{Namespace: tq.Namespace, Name: c.SecretRef.Name}, &sec)
 		unreadable := ""
 		switch {
 		case apierrors.IsNotFound(err):
 			unreadable = "Secret " + c.SecretRef.Name + " not found"
+			pol.KeyIssue = &registry.KeyIssue{Reason: ReasonCredentialsNotFound,
+				Message: fmt.Sprintf("Secret %q (spec.credentials.secretRef) not found: no key authenticates as this tenant until it exists with key %q.", c.SecretRef.Name, key)}
 			logf.FromContext(ctx).Info("tenant key Secret not found; the tenant cannot authenticate by API key until it exists", "secret", c.SecretRef.Name)
 		case apierrors.IsForbidden(err):
 			// The operator has not yet added the Secret to the pool's Role.
 			unreadable = "Secret " + c.SecretRef.Name + " not readable by the scheduler yet"
+			pol.KeyIssue = &registry.KeyIssue{Reason: ReasonCredentialsNotReadable,
+				Message: fmt.Sprintf("Secret %q (spec.credentials.secretRef) is not readable by the scheduler yet (the operator grants it in Role %q); retried every %v.",
+					c.SecretRef.Name, r.PoolName+render.NameSuffix+render.SecretsNameSuffix, SecretRetryInterval)}
 			logf.FromContext(ctx).Info("tenant key Secret not readable yet (the operator adds it to the scheduler's Role); retrying", "secret", c.SecretRef.Name)
 		case err != nil:
 			return reconcile.Result{}, err
 		default:
-			key := c.SecretRef.Key
-			if key == "" {
-				key = defaultSecretKey
-			}
-			if v := strings.TrimSpace(string(sec.Data[key])); v != "" {
+			raw, has := sec.Data[key]
+			if v := strings.TrimSpace(string(raw)); v != "" {
 				pol.KeyHashes = []registry.KeyHash{registry.HashKey(v)}
 			} else {
+				msg := fmt.Sprintf("Secret %q has no key %q (spec.credentials.secretRef.key): no key authenticates as this tenant until it is added.", c.SecretRef.Name, key)
+				if has {
+					msg = fmt.Sprintf("Secret %q has an empty value under key %q (spec.credentials.secretRef.key): no key authenticates as this tenant until it is set.", c.SecretRef.Name, key)
+				}
+				pol.KeyIssue = &registry.KeyIssue{Reason: ReasonCredentialsNotFound, Message: msg}
 				logf.FromContext(ctx).Info("tenant key Secret has no such key", "secret", c.SecretRef.Name, "key", key)
 			}
 			if c.WebhookSigningKey != "" {

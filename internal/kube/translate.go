@@ -90,10 +90,11 @@ func UsageConfig(u *v1alpha1.UsageMonitoringSpec) usage.Config {
 }
 
 // TenantPolicy translates a TenantQuota spec into the registry's tenant
-// policy (without key hashes: the caller adds those from the referenced
-// Secret). Limits: an unset rate is unlimited, 0 suspends (limiter.Limits);
-// enforcement Soft sets Limits.Soft; mode DryRun sets DryRun; the status's
-// budget figures become BudgetSeed.
+// policy (without key hashes or KeyIssue: the caller, TenantReconciler,
+// adds those from the referenced Secret). Limits: an unset rate is
+// unlimited, 0 suspends (limiter.Limits); enforcement Soft sets
+// Limits.Soft; mode DryRun sets DryRun; the status's budget figures become
+// BudgetSeed.
 func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 	s := &tq.Spec
 	out := registry.TenantPolicy{

@@ -214,9 +214,23 @@ type TenantPolicy struct {
 	DryRun bool
 	// KeyHashes are the SHA-256 of the tenant's API keys (APIKey mode).
 	KeyHashes []KeyHash
+	// KeyIssue, when not nil, says why KeyHashes is empty (no credentials,
+	// a key Secret or key that is missing or unreadable), as set by the
+	// caller that reads the keys. The registry serves the tenant all the
+	// same (a pool in TrustedHeader mode needs no key); the status writer
+	// reports it while the pool identifies tenants by API key, since no key
+	// then authenticates as the tenant.
+	KeyIssue *KeyIssue
 	// WebhookSigning, when not nil, signs the tenant's completion webhooks
 	// (spec.credentials.webhookSigningKey): see WebhookSigning.
 	WebhookSigning *WebhookSigning
+}
+
+// KeyIssue is why a tenant has no API key: Reason, a CamelCase condition
+// reason (the TenantQuota's Serving condition), and Message, which names
+// what to fix.
+type KeyIssue struct {
+	Reason, Message string
 }
 
 // WebhookSigning is a tenant's completion-webhook signing secret, per the

@@ -610,7 +610,7 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	for _, h := range p.KeyHashes {
 		if owner, ok := r.keys[h]; ok && owner.ID != p.ID {
 			r.mu.Unlock()
-			err := fmt.Errorf("%w (tenant %q)", ErrDuplicateKey, owner.ID)
+			err := fmt.Errorf("%w (tenant %q of TenantQuota %q)", ErrDuplicateKey, owner.ID, owner.Policy().Name)
 			r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 			return err
 		}

@@ -48,6 +48,9 @@ type TenantSnapshot struct {
 	// Limits are the tenant's limits in force (TenantPolicy.Limits; do not
 	// modify them): a limit of 0 suspends the tenant.
 	Limits limiter.Limits
+	// KeyIssue is TenantPolicy.KeyIssue: why the tenant has no API key, or
+	// nil.
+	KeyIssue *KeyIssue
 	// Budget of the current period, when the tenant has one.
 	Budget *BudgetStatus
 	// Usage is the tenant's consumption over the pool's usage window
@@ -119,8 +122,8 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 			Completed: t.completed.Load(), Expired: t.expired.Load(),
 			Rejections: t.rejections.Load(), TokensUsed: t.tokensUsed.Load(),
 			DryRunRejections: t.dryRunRejections.Load(), DryRun: p.DryRun,
-			Limits: p.Limits,
-			Usage:  evals[i],
+			Limits: p.Limits, KeyIssue: p.KeyIssue,
+			Usage: evals[i],
 		}
 		if b, ok := t.Budget(now); ok {
 			ts.Budget = &b
