@@ -129,8 +129,8 @@ func newWebhookNotifier(g *Gateway) *webhookNotifier {
 
 // webhookDialControl refuses connections to link-local addresses (cloud
 // metadata endpoints such as 169.254.169.254, fe80::/10), unspecified and
-// multicast addresses; it runs after name resolution, so a name resolving
-// there is refused too.
+// multicast addresses with errWebhookAddress; it runs after name
+// resolution, so a name resolving there is refused too.
 func webhookDialControl(_, address string, _ syscall.RawConn) error {
 	host, _, err := net.SplitHostPort(address)
 	if err != nil {
@@ -139,7 +139,7 @@ func webhookDialControl(_, address string, _ syscall.RawConn) error {
 	ip := net.ParseIP(host)
 	if ip == nil || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
 		ip.IsInterfaceLocalMulticast() {
-		return fmt.Errorf("webhook address %s is not allowed", host)
+		return fmt.Errorf("%w: %s", errWebhookAddress, host)
 	}
 	return nil
 }
@@ -274,6 +274,10 @@ func (n *webhookNotifier) sleep(d time.Duration) bool {
 // errWebhookStatus is a non-2xx answer of the webhook endpoint.
 var errWebhookStatus = errors.New("webhook endpoint answered")
 
+// errWebhookAddress: the webhook URL's host is, or resolves to, an address
+// webhookDialControl refuses. Permanent: the delivery is not retried.
+var errWebhookAddress = errors.New("webhook address not allowed (link-local, unspecified or multicast)")
+
 // errWebhookSigning: the tenant's signing secret cannot be used; the
 // delivery fails without being sent.
 var errWebhookSigning = errors.New("webhook signing secret unusable")
@@ -303,7 +307,8 @@ func signWebhook(h http.Header, key []byte, id string, now time.Time, body []byt
 
 // post makes one attempt; retry reports whether a failure may succeed
 // later (network errors, timeouts, 408, 429 and 5xx; other statuses,
-// redirects included, are permanent).
+// redirects included, and an address refused by webhookDialControl are
+// permanent).
 func (n *webhookNotifier) post(id, tenant, target string, body []byte, attempt int) (retry bool, err error) {
 	t := n.g.reg.Tenant(tenant)
 	if t == nil {
@@ -339,7 +344,7 @@ func (n *webhookNotifier) post(id, tenant, target string, body []byte, attempt i
 	}
 	resp, err := n.client.Do(req)
 	if err != nil {
-		return true, err
+		return !errors.Is(err, errWebhookAddress), err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -178,6 +179,21 @@ func TestWebhookPermanentRefusalNotRetried(t *testing.T) {
 	}
 }
 
+// TestWebhookRefusedAddressNotRetried: a webhook URL whose address the
+// dialer refuses (here the unspecified 0.0.0.0, refused before any
+// connection is attempted) fails at its first attempt instead of being
+// retried with backoff.
+func TestWebhookRefusedAddressNotRetried(t *testing.T) {
+	e := newHookEnv(t)
+	j := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"http://0.0.0.0:9/hook"`))
+	if n := waitWebhook(t, e, j.ID, webhookFailed); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
+	}
+	if got := e.gw.webhooks().counts(); !cmp.Equal(got, map[string]int{webhookOutcomeFailed: 1}) {
+		t.Errorf("outcomes %v, want one failed", got)
+	}
+}
+
 // TestWebhookOnlyForJobsThatAskForIt: a cancelled job without webhookURL
 // is not notified (and creates no notifier); a cancelled job with one is,
 // with status cancelled.
@@ -228,7 +244,7 @@ func TestWebhookURLValidated(t *testing.T) {
 // at connect time.
 func TestWebhookDialRefusesLinkLocal(t *testing.T) {
 	for addr, ok := range map[string]bool{"169.254.169.254:80": false, "[fe80::1]:80": false, "0.0.0.0:80": false, "127.0.0.1:80": true, "10.0.0.1:443": true} {
-		if err := webhookDialControl("tcp", addr, nil); (err == nil) != ok {
+		if err := webhookDialControl("tcp", addr, nil); (err == nil) != ok || (err != nil && !errors.Is(err, errWebhookAddress)) {
 			t.Errorf("%s: err %v, want allowed=%v", addr, err, ok)
 		}
 	}
