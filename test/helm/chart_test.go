@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -370,30 +371,40 @@ func TestDashboardMetricsExist(t *testing.T) {
 }
 
 func TestSchemaRejectsWrongValues(t *testing.T) {
-	for name, values := range map[string]string{
-		"replicas not an integer":   "operator:\n  replicas: two\n",
-		"threshold not a number":    "monitoring:\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: many\n",
-		"duration not a duration":   "monitoring:\n  serviceMonitor:\n    interval: 30\n",
-		"unknown networkPolicy key": "networkPolicy:\n  operator:\n    enable: true\n",
-		"port out of range":         "networkPolicy:\n  scheduler:\n    providerPorts: [70000]\n",
+	for name, tc := range map[string]struct{ values, at string }{
+		"replicas not an integer":           {"operator:\n  replicas: two\n", "/operator/replicas"},
+		"threshold not a number":            {"monitoring:\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: many\n", "/monitoring/prometheusRule/thresholds/backlogMinJobs"},
+		"duration not a duration":           {"monitoring:\n  serviceMonitor:\n    interval: 30\n", "/monitoring/serviceMonitor/interval"},
+		"unknown networkPolicy key":         {"networkPolicy:\n  operator:\n    enable: true\n", "/networkPolicy/operator"},
+		"port out of range":                 {"networkPolicy:\n  scheduler:\n    providerPorts: [70000]\n", "/networkPolicy/scheduler/providerPorts/0"},
+		"scheduler image with a space":      {"operator:\n  schedulerImage: bad image\n", "/operator/schedulerImage"},
+		"scheduler image with an empty tag": {"operator:\n  schedulerImage: 'registry.example.com/fairshare:'\n", "/operator/schedulerImage"},
+		"repository in upper case":          {"image:\n  repository: ghcr.io/Fairshare-Dev/fairshare\n", "/image/repository"},
+		"repository with a tag":             {"image:\n  repository: ghcr.io/fairshare-dev/fairshare:v1\n", "/image/repository"},
+		"tag with a colon":                  {"image:\n  tag: v1:latest\n", "/image/tag"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "values.yaml")
-			if err := os.WriteFile(f, []byte(values), 0o600); err != nil {
+			if err := os.WriteFile(f, []byte(tc.values), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			out, err := helm(t, "lint", "charts/fairshare", "-f", f)
 			if err == nil {
-				t.Fatalf("helm lint accepted %q:\n%s", values, out)
+				t.Fatalf("helm lint accepted %q:\n%s", tc.values, out)
 			}
-			if !strings.Contains(out, "values don't meet the specifications of the schema") {
-				t.Fatalf("helm lint failed for another reason than the schema:\n%s", out)
+			if !strings.Contains(out, "values don't meet the specifications of the schema") || !strings.Contains(out, "- at '"+tc.at+"': ") {
+				t.Fatalf("helm lint did not refuse %s by the schema:\n%s", tc.at, out)
 			}
 		})
 	}
+	// The message of a malformed image reference names the value and what was given.
+	if out, err := renderChartErr(t, "--set", "operator.schedulerImage=bad image"); err == nil || !strings.Contains(out, "- at '/operator/schedulerImage': 'bad image' does not match pattern '^(") {
+		t.Errorf("helm template with operator.schedulerImage=\"bad image\": %v\n%s", err, out)
+	}
 	// The same files' keys with the right types pass, so the failures above are the types'.
 	f := filepath.Join(t.TempDir(), "values.yaml")
-	good := "operator:\n  replicas: 2\nmonitoring:\n  serviceMonitor:\n    interval: 30s\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: 7\n" +
+	good := "image:\n  repository: registry.example.com:5000/platform/fairshare\n  tag: v0.1.0-rc.1\n" +
+		"operator:\n  replicas: 2\n  schedulerImage: registry.example.com:5000/platform/fairshare@sha256:" + strings.Repeat("0f", 32) + "\nmonitoring:\n  serviceMonitor:\n    interval: 30s\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: 7\n" +
 		"networkPolicy:\n  operator:\n    enabled: true\n  scheduler:\n    providerPorts: [8443]\n"
 	if err := os.WriteFile(f, []byte(good), 0o600); err != nil {
 		t.Fatal(err)
@@ -493,4 +504,313 @@ func TestSchedulerSelectorsMatchRender(t *testing.T) {
 func asSlice(v any) []any {
 	s, _ := v.([]any)
 	return s
+}
+
+// renderChart renders the chart as release "f" in namespace "fs" with the given extra helm
+// arguments (--set ...), failing the test if helm refuses.
+func renderChart(t *testing.T, args ...string) []map[string]any {
+	t.Helper()
+	out, err := renderChartErr(t, args...)
+	if err != nil {
+		t.Fatalf("helm template %q: %v\n%s", args, err, out)
+	}
+	return splitDocs(t, out)
+}
+
+// renderChartErr is renderChart returning helm's output and error instead of failing.
+func renderChartErr(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return helm(t, append([]string{"template", "f", "charts/fairshare", "--namespace", "fs"}, args...)...)
+}
+
+// objectNamed returns the rendered object of that kind and name, or nil.
+func objectNamed(objs []map[string]any, kind, name string) map[string]any {
+	for _, o := range kindsOf(objs, kind) {
+		if o["metadata"].(map[string]any)["name"] == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// field follows a path of map keys and slice indexes through a rendered object.
+func field(o any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := o.(map[string]any)
+			o = m[k]
+		case int:
+			s := asSlice(o)
+			if k >= len(s) {
+				return nil
+			}
+			o = s[k]
+		}
+	}
+	return o
+}
+
+// renderNotes renders the chart's NOTES.txt (which helm template leaves out) with the given
+// extra helm arguments: it renders a copy of the chart with one more template that holds the
+// notes evaluated with tpl.
+func renderNotes(t *testing.T, args ...string) string {
+	t.Helper()
+	chart := filepath.Join(t.TempDir(), "fairshare")
+	if err := os.CopyFS(chart, os.DirFS(filepath.Join(framework.RepoRoot(), "charts", "fairshare"))); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(chart, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "notes.txt"), notes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "templates", "zz-notes.yaml"), []byte(`notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := helm(t, append([]string{"template", "f", chart, "--namespace", "fs", "--show-only", "templates/zz-notes.yaml"}, args...)...)
+	if err != nil {
+		t.Fatalf("rendering NOTES.txt: %v\n%s", err, out)
+	}
+	var doc struct {
+		Notes string `json:"notes"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &doc); err != nil || doc.Notes == "" {
+		t.Fatalf("rendering NOTES.txt: %v\n%s", err, out)
+	}
+	return doc.Notes
+}
+
+// TestChartServiceAccountName checks that the operator runs as, and the chart's ClusterRole and
+// leader-election Role are bound to, serviceAccount.name or else the release's full name, whether
+// the chart creates the ServiceAccount or not: never the namespace's "default" ServiceAccount.
+func TestChartServiceAccountName(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    string
+		created bool
+	}{
+		{"created, default name", nil, "f-fairshare", true},
+		{"created, named", []string{"--set", "serviceAccount.name=fairshare-operator"}, "fairshare-operator", true},
+		{"existing, default name", []string{"--set", "serviceAccount.create=false"}, "f-fairshare", false},
+		{"existing, named", []string{"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=platform-sa"}, "platform-sa", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := renderChart(t, tc.args...)
+			if got := field(objectNamed(objs, "Deployment", "f-fairshare"), "spec", "template", "spec", "serviceAccountName"); got != tc.want {
+				t.Errorf("Deployment serviceAccountName = %v, want %s", got, tc.want)
+			}
+			for _, b := range []struct{ kind, name string }{
+				{"ClusterRoleBinding", "f-fairshare-manager"},
+				{"RoleBinding", "f-fairshare-leader-election"},
+			} {
+				subjects := asSlice(field(objectNamed(objs, b.kind, b.name), "subjects"))
+				want := []any{map[string]any{"kind": "ServiceAccount", "name": tc.want, "namespace": "fs"}}
+				if !reflect.DeepEqual(subjects, want) {
+					t.Errorf("%s %s subjects = %v, want %v", b.kind, b.name, subjects, want)
+				}
+			}
+			var names []string
+			for _, sa := range kindsOf(objs, "ServiceAccount") {
+				names = append(names, field(sa, "metadata", "name").(string))
+			}
+			var want []string
+			if tc.created {
+				want = []string{tc.want}
+			}
+			if !slices.Equal(names, want) {
+				t.Errorf("rendered ServiceAccounts %q, want %q", names, want)
+			}
+			notice := "The operator runs as ServiceAccount " + tc.want + " (serviceAccount.create=false): create it in\nnamespace fs if it does not exist yet"
+			if notes := renderNotes(t, tc.args...); strings.Contains(notes, notice) == tc.created {
+				t.Errorf("install notes with created=%v, want the notice %q only when not created:\n%s", tc.created, notice, notes)
+			}
+		})
+	}
+}
+
+// TestChartRefusesContradictoryValues checks that values which would render without error but
+// not do what they ask are refused, with a message naming the values involved, and that the
+// nearest values that make sense are accepted.
+func TestChartRefusesContradictoryValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"replicas without leader election",
+			[]string{"--set", "operator.replicas=3", "--set", "operator.leaderElect=false"},
+			"operator.replicas=3 needs operator.leaderElect=true: without leader election every replica reconciles the same pools at once. Set operator.leaderElect=true or operator.replicas=1."},
+		{"operator ServiceMonitor without metrics",
+			[]string{"--set", "metrics.port=0", "--set", "monitoring.serviceMonitor.enabled=true"},
+			"monitoring.serviceMonitor.enabled=true needs metrics.port > 0: with metrics.port=0 the operator serves no metrics to scrape."},
+		{"metrics Service without metrics",
+			[]string{"--set", "metrics.port=0", "--set", "metrics.service.enabled=true"},
+			"metrics.service.enabled=true needs metrics.port > 0: with metrics.port=0 the operator serves no metrics for the Service to expose."},
+		{"operator scrape timeout above the interval",
+			[]string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.serviceMonitor.interval=1m", "--set", "monitoring.serviceMonitor.scrapeTimeout=1m500ms"},
+			"monitoring.serviceMonitor.scrapeTimeout (1m500ms) must not exceed monitoring.serviceMonitor.interval (1m): Prometheus refuses a scrape timeout longer than the interval."},
+		{"scheduler scrape timeout above the interval",
+			[]string{"--set", "monitoring.schedulerServiceMonitor.enabled=true", "--set", "monitoring.schedulerServiceMonitor.scrapeTimeout=20s"},
+			"monitoring.schedulerServiceMonitor.scrapeTimeout (20s) must not exceed monitoring.schedulerServiceMonitor.interval (15s): Prometheus refuses a scrape timeout longer than the interval."},
+		{"scheduler NetworkPolicy without namespaces",
+			[]string{"--set", "networkPolicy.scheduler.enabled=true"},
+			"networkPolicy.scheduler.enabled=true needs networkPolicy.scheduler.namespaces: list the namespaces of your ProviderPools (a NetworkPolicy selects only the pods of its own namespace)."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := renderChartErr(t, tc.args...)
+			if err == nil {
+				t.Fatalf("helm template %q rendered:\n%s", tc.args, out)
+			}
+			if !strings.Contains(out, "): "+tc.want+"\n") {
+				t.Fatalf("helm template %q failed with\n%s\nwant the message\n%s", tc.args, out, tc.want)
+			}
+		})
+	}
+	// (helm install and upgrade refuse them the same way; helm lint only reports a template's
+	// fail as [INFO].)
+
+	// Accepted: one replica without leader election; a scrape timeout equal to the interval,
+	// or shorter in another unit; metrics.port=0 with the PrometheusRule, whose operator alerts
+	// are then left out; a scheduler NetworkPolicy with a namespace.
+	objs := renderChart(t, "--set", "operator.replicas=1", "--set", "operator.leaderElect=false")
+	if args := asSlice(field(objectNamed(objs, "Deployment", "f-fairshare"), "spec", "template", "spec", "containers", 0, "args")); !slices.Contains(args, any("--leader-elect=false")) {
+		t.Errorf("operator args = %v, want --leader-elect=false", args)
+	}
+	objs = renderChart(t, "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.serviceMonitor.interval=1m30s", "--set", "monitoring.serviceMonitor.scrapeTimeout=90s",
+		"--set", "monitoring.schedulerServiceMonitor.enabled=true", "--set", "monitoring.schedulerServiceMonitor.interval=1h", "--set", "monitoring.schedulerServiceMonitor.scrapeTimeout=59m59s999ms")
+	if got := field(objectNamed(objs, "ServiceMonitor", "f-fairshare-operator"), "spec", "endpoints", 0, "scrapeTimeout"); got != "90s" {
+		t.Errorf("operator ServiceMonitor scrapeTimeout = %v, want 90s", got)
+	}
+	if got := field(objectNamed(objs, "ServiceMonitor", "f-fairshare-schedulers"), "spec", "endpoints", 0, "scrapeTimeout"); got != "59m59s999ms" {
+		t.Errorf("scheduler ServiceMonitor scrapeTimeout = %v, want 59m59s999ms", got)
+	}
+	objs = renderChart(t, "--set", "metrics.port=0", "--set", "monitoring.prometheusRule.enabled=true")
+	var groups []any
+	for _, g := range asSlice(field(objectNamed(objs, "PrometheusRule", "f-fairshare"), "spec", "groups")) {
+		groups = append(groups, field(g, "name"))
+	}
+	if !slices.Equal(groups, []any{"fairshare-scheduler"}) {
+		t.Errorf("PrometheusRule groups with metrics.port=0 = %v, want [fairshare-scheduler]", groups)
+	}
+	if len(kindsOf(objs, "Service")) != 0 || len(kindsOf(objs, "ServiceMonitor")) != 0 {
+		t.Errorf("metrics.port=0 rendered a Service or ServiceMonitor")
+	}
+	objs = renderChart(t, "--set", "networkPolicy.scheduler.enabled=true", "--set", "networkPolicy.scheduler.namespaces={team-a}")
+	if np := objectNamed(objs, "NetworkPolicy", "f-fairshare-scheduler"); field(np, "metadata", "namespace") != "team-a" {
+		t.Errorf("scheduler NetworkPolicy = %v, want one in team-a", np)
+	}
+}
+
+// TestChartNotesPoolUsesTheSecret checks that the ProviderPool the install notes point to is a
+// production one (a real provider over HTTPS, tenants identified by API key) that sends the
+// provider key Secret the notes tell the user to create.
+func TestChartNotesPoolUsesTheSecret(t *testing.T) {
+	notes := renderNotes(t)
+	m := regexp.MustCompile(`kubectl create secret generic (\S+) --from-literal=([^=\s]+)=`).FindStringSubmatch(notes)
+	if m == nil {
+		t.Fatalf("the notes create no provider key Secret:\n%s", notes)
+	}
+	secret, key := m[1], m[2]
+	const repoURL = "https://raw.githubusercontent.com/fairshare-dev/fairshare/main/"
+	u := regexp.MustCompile(regexp.QuoteMeta(repoURL) + `(\S+providerpool\.yaml)`).FindStringSubmatch(notes)
+	if u == nil {
+		t.Fatalf("the notes point to no ProviderPool sample:\n%s", notes)
+	}
+	if want := "kubectl apply -f " + filepath.Base(u[1]) + "\n"; !strings.Contains(notes, want) {
+		t.Errorf("the notes do not apply the downloaded pool (%q):\n%s", want, notes)
+	}
+	b, err := os.ReadFile(filepath.Join(framework.RepoRoot(), filepath.FromSlash(u[1])))
+	if err != nil {
+		t.Fatalf("the notes point to %s, which is not in the repository: %v", u[1], err)
+	}
+	pool := &quotav1alpha1.ProviderPool{}
+	if err := yaml.UnmarshalStrict(b, pool); err != nil {
+		t.Fatalf("%s: %v", u[1], err)
+	}
+	ref := pool.Spec.Upstream.CredentialsSecretRef
+	if ref == nil {
+		t.Fatalf("%s has no spec.upstream.credentialsSecretRef: the Secret %q would never be used", u[1], secret)
+	}
+	refKey := ref.Key
+	if refKey == "" {
+		refKey = "api-key" // the CRD's default
+	}
+	if ref.Name != secret || refKey != key {
+		t.Errorf("%s sends Secret %q key %q upstream; the notes create Secret %q key %q", u[1], ref.Name, refKey, secret, key)
+	}
+	if !strings.HasPrefix(pool.Spec.Upstream.BaseURL, "https://") {
+		t.Errorf("%s: baseURL %q is not a provider over HTTPS", u[1], pool.Spec.Upstream.BaseURL)
+	}
+	if mode := pool.Spec.TenantIdentification.Mode; mode != "" && mode != quotav1alpha1.IdentifyByAPIKey {
+		t.Errorf("%s identifies tenants by %s, want APIKey", u[1], mode)
+	}
+	if want := pool.Name; !strings.Contains(notes, `ProviderPool "`+want+`"`) {
+		t.Errorf("the notes do not name the pool %q:\n%s", want, notes)
+	}
+}
+
+// TestValuesCommentsNameRealFields checks that every spec.* field the comments of values.yaml
+// mention is a field of the ProviderPool or TenantQuota CRD.
+func TestValuesCommentsNameRealFields(t *testing.T) {
+	fields := map[string]bool{}
+	var walk func(prefix string, schema map[string]any)
+	walk = func(prefix string, schema map[string]any) {
+		props, _ := schema["properties"].(map[string]any)
+		for name, sub := range props {
+			fields[prefix+name] = true
+			if m, ok := sub.(map[string]any); ok {
+				walk(prefix+name+".", m)
+				if items, ok := m["items"].(map[string]any); ok {
+					walk(prefix+name+".", items)
+				}
+			}
+		}
+	}
+	crds, err := filepath.Glob(filepath.Join(framework.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("no CRDs in config/crd/bases: %v", err)
+	}
+	for _, f := range crds {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd struct {
+			Spec struct {
+				Versions []struct {
+					Schema struct {
+						OpenAPIV3Schema map[string]any `json:"openAPIV3Schema"`
+					} `json:"schema"`
+				} `json:"versions"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(b, &crd); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, v := range crd.Spec.Versions {
+			walk("", v.Schema.OpenAPIV3Schema)
+		}
+	}
+	values, err := os.ReadFile(filepath.Join(framework.RepoRoot(), "charts", "fairshare", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mentions []string
+	for _, line := range strings.Split(string(values), "\n") {
+		if _, comment, ok := strings.Cut(line, "#"); ok {
+			mentions = append(mentions, regexp.MustCompile(`\bspec(\.[a-zA-Z]+)+`).FindAllString(comment, -1)...)
+		}
+	}
+	if len(mentions) == 0 {
+		t.Fatal("values.yaml mentions no spec field: the pattern is wrong")
+	}
+	for _, m := range mentions {
+		if !fields[m] {
+			t.Errorf("values.yaml mentions %s, which neither CRD has", m)
+		}
+	}
 }

@@ -23,13 +23,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{/* fairshare.serviceAccountName of the operator. */}}
+{{/* fairshare.serviceAccountName of the operator: serviceAccount.name, else the release's full
+name, whether the chart creates it or not. Never the namespace's "default" ServiceAccount, which
+every other pod of the namespace runs as and which would get the operator's ClusterRole. */}}
 {{- define "fairshare.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create -}}
 {{- default (include "fairshare.fullname" .) .Values.serviceAccount.name -}}
-{{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
-{{- end -}}
 {{- end -}}
 
 {{/* fairshare.image is the operator (and default scheduler) image. */}}
@@ -43,4 +41,15 @@ metrics.port > 0 and metrics.service.enabled or monitoring.serviceMonitor.enable
 {{- if and (ne (int .Values.metrics.port) 0) (or .Values.metrics.service.enabled .Values.monitoring.serviceMonitor.enabled) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* fairshare.durationMillis is a Prometheus duration (values.schema.json checks its form, for
+example 1m30s) in milliseconds; a year is 365 days, as in Prometheus. */}}
+{{- define "fairshare.durationMillis" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 -}}
+{{- $ms := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" . -1 -}}
+{{- $ms = add $ms (mul (regexFind "^[0-9]+" . | atoi) (get $units (regexReplaceAll "^[0-9]+" . ""))) -}}
+{{- end -}}
+{{- $ms -}}
 {{- end -}}
