@@ -124,7 +124,8 @@ type RequestLimits struct {
 // BatchSpec configures a tenant's batch jobs.
 type BatchSpec struct {
 	// maxQueuedJobs bounds the tenant's queued jobs; above it submissions get
-	// 429 `queue_full`. Defaults to 1000.
+	// 429 `queue_full`. 0 turns batch off for the tenant: every submission
+	// gets 403 `batch_disabled`. Defaults to 1000.
 	// +optional
 	// +kubebuilder:default=1000
 	// +kubebuilder:validation:Minimum=0
