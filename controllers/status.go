@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -101,40 +102,69 @@ func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, o
 	return c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerController), client.ForceOwnership)
 }
 
-// clearSchedulerStatus removes every status field obj holds under field
+// clearSchedulerStatus removes the status fields tq holds under field
 // manager v1alpha1.FieldManagerScheduler (conditions Serving and Throttled,
-// usage, backlog, quota remaining) by applying, as that manager, an object
-// without a status. The operator calls it when the scheduler that wrote them
-// is gone with its pool: nothing else would ever take them back. It makes
-// no API call when the scheduler owns no status field (obj's managedFields),
-// and returns the API server's error, if any. On success obj's
-// resourceVersion is the written object's.
-func clearSchedulerStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, obj client.Object) error {
-	owned := false
-	for _, mf := range obj.GetManagedFields() {
-		if mf.Manager == v1alpha1.FieldManagerScheduler && mf.Subresource == "status" {
-			owned = true
-		}
-	}
-	if !owned {
-		return nil
-	}
-	gvk, err := apiutil.GVKForObject(obj, scheme)
-	if err != nil {
-		return err
+// usage, backlog, quota remaining), all but status.budget, by applying as
+// that manager an object whose status has only the budget. The operator
+// calls it when the scheduler that wrote them is gone with its pool:
+// nothing else would ever take them back. status.budget stays, owned by
+// the scheduler's field manager as before, because it is the period's
+// spend the next scheduler seeds its budgets from (docs/api.md). It
+// reports whether it wrote: it makes no API call when the scheduler owns
+// no other status field (schedulerOwnsStatus). On a write, tq's
+// resourceVersion becomes the written object's. It returns the API
+// server's error, if any.
+func clearSchedulerStatus(ctx context.Context, c client.Client, tq *v1alpha1.TenantQuota) (bool, error) {
+	if !schedulerOwnsStatus(tq.GetManagedFields()) {
+		return false, nil
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{}}
-	u.SetGroupVersionKind(gvk)
-	u.SetName(obj.GetName())
-	u.SetNamespace(obj.GetNamespace())
-	u.SetUID(obj.GetUID())
-	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership); err != nil {
-		return err
+	if tq.Status.Budget != nil {
+		b, err := runtime.DefaultUnstructuredConverter.ToUnstructured(tq.Status.Budget)
+		if err != nil {
+			return false, fmt.Errorf("converting status.budget: %w", err)
+		}
+		u.Object["status"] = map[string]any{"budget": b}
 	}
-	// The operator's own apply that follows has obj's resourceVersion as
+	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("TenantQuota"))
+	u.SetName(tq.Name)
+	u.SetNamespace(tq.Namespace)
+	u.SetUID(tq.UID)
+	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(v1alpha1.FieldManagerScheduler), client.ForceOwnership); err != nil {
+		return false, err
+	}
+	// The operator's own apply that follows has tq's resourceVersion as
 	// its precondition: move it on past this write.
-	obj.SetResourceVersion(u.GetResourceVersion())
-	return nil
+	tq.SetResourceVersion(u.GetResourceVersion())
+	return true, nil
+}
+
+// schedulerOwnsStatus reports whether managed (an object's
+// metadata.managedFields) gives field manager
+// v1alpha1.FieldManagerScheduler any status field other than
+// status.budget on the status subresource. An entry whose field set
+// cannot be read counts as owning some.
+func schedulerOwnsStatus(managed []metav1.ManagedFieldsEntry) bool {
+	for _, mf := range managed {
+		if mf.Manager != v1alpha1.FieldManagerScheduler || mf.Subresource != "status" {
+			continue
+		}
+		if mf.FieldsV1 == nil {
+			continue
+		}
+		var set struct {
+			Status map[string]json.RawMessage `json:"f:status"`
+		}
+		if err := json.Unmarshal(mf.FieldsV1.Raw, &set); err != nil {
+			return true
+		}
+		for k := range set.Status {
+			if k != "f:budget" && k != "." {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // conflictRetry is how long a reconcile whose status write met a newer

@@ -298,3 +298,33 @@ func TestRetryOnConflict(t *testing.T) {
 		}
 	}
 }
+
+// TestSchedulerOwnsStatus: only status fields of the scheduler's field
+// manager on the status subresource other than status.budget count.
+func TestSchedulerOwnsStatus(t *testing.T) {
+	entry := func(manager, sub, raw string) metav1.ManagedFieldsEntry {
+		return metav1.ManagedFieldsEntry{Manager: manager, Subresource: sub, FieldsV1: &metav1.FieldsV1{Raw: []byte(raw)}}
+	}
+	tests := map[string]struct {
+		managed []metav1.ManagedFieldsEntry
+		want    bool
+	}{
+		"none": {nil, false},
+		"conditions and backlog": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status",
+			`{"f:status":{"f:backlog":{},"f:conditions":{"k:{\"type\":\"Serving\"}":{}}}}`)}, true},
+		"budget only": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status",
+			`{"f:status":{".":{},"f:budget":{"f:used":{}}}}`)}, false},
+		"the operator's fields": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerController, "status",
+			`{"f:status":{"f:conditions":{}}}`)}, false},
+		"the scheduler's, not on status": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "",
+			`{"f:status":{"f:backlog":{}}}`)}, false},
+		"unreadable": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status", `{`)}, true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := schedulerOwnsStatus(tc.managed); got != tc.want {
+				t.Errorf("schedulerOwnsStatus = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

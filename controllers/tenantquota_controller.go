@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,7 +67,9 @@ func NewTenantQuotaReconciler(c client.Client, scheme *runtime.Scheme, recorder 
 //     status.observedGeneration, pure (no API call);
 //  4. reconcileStatus: one status apply, only when that differs from what
 //     the server holds (a Warning event with the reason when the tenant is
-//     rejected: PoolNotFound, DuplicateTenantID).
+//     rejected: PoolNotFound, DuplicateTenantID); while the pool is gone,
+//     the removal of its scheduler's status first, checked once more
+//     after schedulerGoneRecheck.
 func (r *TenantQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	tq := &v1alpha1.TenantQuota{}
 	if err := r.client.Get(ctx, req.NamespacedName, tq); err != nil {
@@ -86,14 +89,28 @@ func (r *TenantQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	desired := computeTenantStatus(tq, pool, holder, conditionTime(r.clock))
 
-	if err := r.reconcileStatus(ctx, tq, desired); err != nil {
+	cleared, err := r.reconcileStatus(ctx, tq, desired)
+	if err != nil {
 		if res, ok := retryOnConflict(ctx, err); ok {
 			return res, nil
 		}
 		return ctrl.Result{}, err
 	}
+	if cleared {
+		// The scheduler of the deleted pool may still be terminating,
+		// and a write of its own in flight: look once more after it is
+		// surely gone. Its status writes do not trigger this reconciler.
+		return ctrl.Result{RequeueAfter: schedulerGoneRecheck}, nil
+	}
 	return ctrl.Result{}, nil
 }
+
+// schedulerGoneRecheck is when a tenant whose deleted pool's scheduler
+// status was just removed is reconciled again: past the scheduler pod's
+// termination grace period (30 s, the Kubernetes default the rendered
+// Deployment keeps), so that a last write of the terminating scheduler is
+// removed too.
+const schedulerGoneRecheck = 45 * time.Second
 
 // lookupPool returns the tenant's ProviderPool, or nil when it does not exist.
 func (r *TenantQuotaReconciler) lookupPool(ctx context.Context, tq *v1alpha1.TenantQuota) (*v1alpha1.ProviderPool, error) {
@@ -125,20 +142,22 @@ func (r *TenantQuotaReconciler) lookupTenantIDHolder(ctx context.Context, tq *v1
 
 // reconcileStatus applies desired's operator-owned status when it differs
 // from tq's, and records a warning event when the tenant stops being
-// Accepted or the reason changes (PoolNotFound, DuplicateTenantID).
-func (r *TenantQuotaReconciler) reconcileStatus(ctx context.Context, tq, desired *v1alpha1.TenantQuota) error {
+// Accepted or the reason changes (PoolNotFound, DuplicateTenantID). While
+// the pool is gone it first removes the gone scheduler's status fields
+// (clearSchedulerStatus; cleared reports such a write).
+func (r *TenantQuotaReconciler) reconcileStatus(ctx context.Context, tq, desired *v1alpha1.TenantQuota) (cleared bool, err error) {
 	types := tenantConditionTypes(desired)
 	if len(types) > len(controllerConditionTypes) {
 		// The pool is gone, and its scheduler with it: what it wrote is stale.
-		if err := clearSchedulerStatus(ctx, r.client, r.scheme, tq); err != nil {
-			return fmt.Errorf("clearing the scheduler's status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
+		if cleared, err = clearSchedulerStatus(ctx, r.client, tq); err != nil {
+			return false, fmt.Errorf("clearing the scheduler's status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
 		}
 	}
 	if !statusChanged(tq.Status.Conditions, desired.Status.Conditions, tq.Status.ObservedGeneration, desired.Status.ObservedGeneration, types) {
-		return nil
+		return cleared, nil
 	}
 	if err := applyStatus(ctx, r.client, r.scheme, tq, desired.Status.ObservedGeneration, desired.Status.Conditions, types); err != nil {
-		return fmt.Errorf("applying status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
+		return cleared, fmt.Errorf("applying status of TenantQuota %s: %w", client.ObjectKeyFromObject(tq), err)
 	}
 	accepted := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionAccepted)
 	ctrl.LoggerFrom(ctx).V(1).Info("Updated TenantQuota status", "tenantQuota", klog.KObj(tq),
@@ -147,7 +166,7 @@ func (r *TenantQuotaReconciler) reconcileStatus(ctx context.Context, tq, desired
 		(old == nil || old.Reason != accepted.Reason) {
 		r.recorder.Event(tq, corev1.EventTypeWarning, accepted.Reason, accepted.Message)
 	}
-	return nil
+	return cleared, nil
 }
 
 // SetupWithManager registers the field indexes and the reconciler. It runs on

@@ -50,7 +50,8 @@ func TestTenantQuotaPoolNotFoundRecovers(t *testing.T) {
 // Serving=True does not keep it after its pool is deleted (the scheduler
 // goes with the pool and cannot say so): the operator sets Serving=False
 // PoolNotFound, and every status field the scheduler wrote (backlog here)
-// is removed. When the pool is created again the operator's Serving entry
+// is removed but status.budget, the period's spend the next scheduler
+// seeds its budgets from. When the pool is created again the operator's Serving entry
 // is removed, and the new scheduler's write is taken as is.
 func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	requireEnv(t)
@@ -61,6 +62,7 @@ func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	eventually(t, "Accepted", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
 	schedulerApply(t, "TenantQuota", ns, "acme", map[string]any{
 		"backlog":    int64(5),
+		"budget":     map[string]any{"used": int64(900), "remaining": int64(100), "resetTime": "2026-01-02T00:00:00Z"},
 		"conditions": []any{schedulerCondition(v1alpha1.ConditionServing, v1alpha1.ReasonLoaded)},
 	})
 	eventually(t, "Serving=True from the scheduler", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionTrue, v1alpha1.ReasonLoaded))
@@ -79,10 +81,11 @@ func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	if tq.Status.Backlog != nil {
 		t.Errorf("backlog %d after the pool is gone, want the scheduler's stale figure removed", *tq.Status.Backlog)
 	}
-	for _, mf := range tq.ManagedFields {
-		if mf.Manager == v1alpha1.FieldManagerScheduler {
-			t.Errorf("the scheduler still owns %s fields after its pool is gone", mf.Subresource)
-		}
+	if b := tq.Status.Budget; b == nil || b.Used == nil || *b.Used != 900 || b.Remaining == nil || *b.Remaining != 100 {
+		t.Errorf("budget %+v after the pool is gone, want the period's spend kept (used 900, remaining 100)", b)
+	}
+	if schedulerOwnsStatus(tq.ManagedFields) {
+		t.Errorf("the scheduler still owns status fields other than the budget after its pool is gone: %+v", tq.ManagedFields)
 	}
 
 	create(t, makePool(ns, "gone"))
