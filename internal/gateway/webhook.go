@@ -136,12 +136,17 @@ func webhookDialControl(_, address string, _ syscall.RawConn) error {
 	if err != nil {
 		return err
 	}
-	ip := net.ParseIP(host)
-	if ip == nil || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
-		ip.IsInterfaceLocalMulticast() {
+	if ip := net.ParseIP(host); ip == nil || refusedWebhookIP(ip) {
 		return fmt.Errorf("%w: %s", errWebhookAddress, host)
 	}
 	return nil
+}
+
+// refusedWebhookIP reports whether ip is an address webhooks are never
+// sent to: link-local, unspecified or multicast.
+func refusedWebhookIP(ip net.IP) bool {
+	return ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
+		ip.IsInterfaceLocalMulticast()
 }
 
 // stop cancels deliveries in progress (their jobs stay "pending") and
@@ -323,16 +328,21 @@ func (n *webhookNotifier) post(id, tenant, target string, body []byte, attempt i
 		// rotation), so the delivery fails only after every attempt.
 		return true, fmt.Errorf("%w: %s", errWebhookSigning, signing.Invalid)
 	}
+	req, err := http.NewRequestWithContext(n.ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	if ip := net.ParseIP(req.URL.Hostname()); ip != nil && refusedWebhookIP(ip) {
+		// Checked here too: through an HTTP proxy (HTTPS_PROXY) the
+		// dialer sees only the proxy's address.
+		return false, fmt.Errorf("%w: %s", errWebhookAddress, ip)
+	}
 	select {
 	case n.posts <- struct{}{}:
 	case <-n.ctx.Done():
 		return false, n.ctx.Err()
 	}
 	defer func() { <-n.posts }()
-	req, err := http.NewRequestWithContext(n.ctx, http.MethodPost, target, bytes.NewReader(body))
-	if err != nil {
-		return false, err
-	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "fairshare-webhook")
 	req.Header.Set(webhookJobHeader, id)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"sync"
 	"testing"
@@ -191,6 +192,33 @@ func TestWebhookRefusedAddressNotRetried(t *testing.T) {
 	}
 	if got := e.gw.webhooks().counts(); !cmp.Equal(got, map[string]int{webhookOutcomeFailed: 1}) {
 		t.Errorf("outcomes %v, want one failed", got)
+	}
+}
+
+// TestWebhookRefusedAddressThroughProxy: with an HTTP proxy the dialer
+// sees only the proxy's address, so a literal link-local address in the
+// webhook URL is refused before the request is sent: the proxy receives
+// nothing and the delivery fails at its first attempt.
+func TestWebhookRefusedAddressThroughProxy(t *testing.T) {
+	e := newHookEnv(t)
+	proxy := newHookServer(t, 200)
+	u, err := url.Parse(proxy.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.gw.webhooks().client.Transport.(*http.Transport).Proxy = http.ProxyURL(u)
+	j := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"http://169.254.169.254/latest/meta-data/"`))
+	if n := waitWebhook(t, e, j.ID, webhookFailed); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
+	}
+	if calls := proxy.calls(); len(calls) != 0 {
+		t.Errorf("the proxy received %d requests, want none", len(calls))
+	}
+	// The same proxy does carry an allowed target.
+	ok := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"http://127.0.0.1:9/hook"`))
+	waitWebhook(t, e, ok.ID, webhookDelivered)
+	if calls := proxy.calls(); len(calls) != 1 || calls[0].jobID != ok.ID {
+		t.Errorf("proxy calls %+v, want one for %s", calls, ok.ID)
 	}
 }
 
