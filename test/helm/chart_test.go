@@ -382,6 +382,7 @@ func TestSchemaRejectsWrongValues(t *testing.T) {
 		"repository in upper case":          {"image:\n  repository: ghcr.io/Fairshare-Dev/fairshare\n", "/image/repository"},
 		"repository with a tag":             {"image:\n  repository: ghcr.io/fairshare-dev/fairshare:v1\n", "/image/repository"},
 		"tag with a colon":                  {"image:\n  tag: v1:latest\n", "/image/tag"},
+		"the default ServiceAccount":        {"serviceAccount:\n  create: false\n  name: default\n", "/serviceAccount/name"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "values.yaml")
