@@ -69,11 +69,32 @@ const (
 )
 
 // State is what the sync reconcilers tell the status writer beyond the
-// registry: the last pool load error.
+// registry: the last pool load error, and whether the ProviderPool was
+// found deleted.
 type State struct {
 	mu         sync.Mutex
 	poolErr    error
 	poolErrGen int64
+	poolGone   bool
+}
+
+// setPoolGone records whether the last read of the ProviderPool found it
+// deleted (NotFound).
+func (s *State) setPoolGone(gone bool) {
+	s.mu.Lock()
+	s.poolGone = gone
+	s.mu.Unlock()
+}
+
+// isPoolGone reports whether the last read of the ProviderPool found it
+// deleted. A nil State never is.
+func (s *State) isPoolGone() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.poolGone
 }
 
 func (s *State) setPoolErr(gen int64, err error) {
@@ -387,6 +408,14 @@ func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult,
 func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) (PassResult, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.State.isPoolGone() {
+		// The ProviderPool is deleted and this scheduler with it (its
+		// Deployment is garbage-collected): the operator has set the
+		// tenants' Serving to False PoolNotFound and removed this
+		// writer's fields, and a write now would bring back a Serving
+		// True that nothing would correct.
+		return PassResult{}, nil
+	}
 	clk := w.clock()
 	now := clk.Now()
 	deadline := now.Add(max)

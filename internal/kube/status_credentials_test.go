@@ -149,3 +149,72 @@ func TestServingFalseWithoutAPIKey(t *testing.T) {
 	}
 	step("TrustedHeader pool, no credentials", v1alpha1.ReasonLoaded, fmt.Sprintf("The scheduler serves generation %d.", cur.Generation))
 }
+
+// TestNoWritesAfterPoolDeleted: once the scheduler's pool reconciler finds
+// its ProviderPool deleted, the status writer writes nothing, not even a
+// tenant whose Serving would now read True (the KeyIssue applies only
+// while a pool identifies tenants by API key): the operator has set
+// Serving False PoolNotFound for the gone pool, and a late write of the
+// terminating scheduler would bring back a Serving True nothing corrects.
+// Writes resume when the pool exists again.
+func TestNoWritesAfterPoolDeleted(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	ns, pool, _ := fixture(t, c)
+	fc := clocktesting.NewFakeClock(time.Now().UTC().Truncate(time.Second))
+	reg := registry.New(fc)
+	state := &State{}
+	pr := &PoolReconciler{Reader: c, Registry: reg, Namespace: ns, PoolName: "pool", State: state}
+	tr := &TenantReconciler{Reader: c, Registry: reg, Namespace: ns, PoolName: "pool"}
+	req := func(name string) reconcile.Request {
+		return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}
+	}
+	w := &StatusWriter{Client: c, Registry: reg, State: state, Namespace: ns, PoolName: "pool", Clock: fc}
+	if _, err := pr.Reconcile(ctx, req("pool")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Reconcile(ctx, req("tq-a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantCondition(t, "pool served", tenantConditions(t, c, ns, "tq-a"), v1alpha1.ConditionServing, metav1.ConditionFalse, ReasonNoCredentials,
+		"The pool identifies tenants by API key and spec.credentials is not set: no key authenticates as this tenant.")
+
+	if err := c.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pr.Reconcile(ctx, req("pool")); err != nil {
+		t.Fatal(err)
+	}
+	fc.Step(time.Minute)
+	n, err := w.WriteOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d status writes after the pool was deleted, want 0", n)
+	}
+	wantCondition(t, "pool deleted", tenantConditions(t, c, ns, "tq-a"), v1alpha1.ConditionServing, metav1.ConditionFalse, ReasonNoCredentials,
+		"The pool identifies tenants by API key and spec.credentials is not set: no key authenticates as this tenant.")
+
+	pool2 := &v1alpha1.ProviderPool{ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: ns}, Spec: pool.Spec}
+	pool2.Spec.TenantIdentification.Mode = v1alpha1.IdentifyByTrustedHeader
+	if err := c.Create(ctx, pool2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pr.Reconcile(ctx, req("pool")); err != nil {
+		t.Fatal(err)
+	}
+	fc.Step(time.Minute)
+	if n, err = w.WriteOnce(ctx); err != nil || n == 0 {
+		t.Fatalf("after the pool is created again: %d writes, error %v; want writes", n, err)
+	}
+	var cur v1alpha1.TenantQuota
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tq-a"}, &cur); err != nil {
+		t.Fatal(err)
+	}
+	wantCondition(t, "pool created again", cur.Status.Conditions, v1alpha1.ConditionServing, metav1.ConditionTrue, v1alpha1.ReasonLoaded,
+		fmt.Sprintf("The scheduler serves generation %d.", cur.Generation))
+}

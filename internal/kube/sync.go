@@ -83,7 +83,8 @@ type PoolReconciler struct {
 }
 
 // Reconcile applies the pool's current spec, or clears the policy when the
-// pool is gone. An invalid spec keeps the previous policy and is reported
+// pool is gone (and tells the status writer, through State, to write no
+// more status: see StatusWriter.pass). An invalid spec keeps the previous policy and is reported
 // through State (Serving False, InvalidSpec).
 func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if req.Name != r.PoolName || req.Namespace != r.Namespace {
@@ -94,10 +95,12 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		if apierrors.IsNotFound(err) {
 			r.Registry.ClearPool()
 			r.State.setPoolErr(0, nil)
+			r.State.setPoolGone(true)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
+	r.State.setPoolGone(false)
 	err := r.Registry.SetPool(PoolPolicy(&p))
 	r.State.setPoolErr(p.Generation, err)
 	if err != nil {
