@@ -382,6 +382,10 @@ func TestSchemaRejectsWrongValues(t *testing.T) {
 		"repository in upper case":          {"image:\n  repository: ghcr.io/Fairshare-Dev/fairshare\n", "/image/repository"},
 		"repository with a tag":             {"image:\n  repository: ghcr.io/fairshare-dev/fairshare:v1\n", "/image/repository"},
 		"tag with a colon":                  {"image:\n  tag: v1:latest\n", "/image/tag"},
+		"digest without its algorithm":      {"image:\n  digest: " + strings.Repeat("0f", 32) + "\n", "/image/digest"},
+		"digest too short":                  {"image:\n  digest: sha256:0f0f\n", "/image/digest"},
+		"duration units out of order":       {"monitoring:\n  serviceMonitor:\n    interval: 30s1m\n", "/monitoring/serviceMonitor/interval"},
+		"empty duration":                    {"monitoring:\n  serviceMonitor:\n    interval: ''\n", "/monitoring/serviceMonitor/interval"},
 		"the default ServiceAccount":        {"serviceAccount:\n  create: false\n  name: default\n", "/serviceAccount/name"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -405,7 +409,7 @@ func TestSchemaRejectsWrongValues(t *testing.T) {
 	// The same files' keys with the right types pass, so the failures above are the types'.
 	f := filepath.Join(t.TempDir(), "values.yaml")
 	good := "image:\n  repository: registry.example.com:5000/platform/fairshare\n  tag: v0.1.0-rc.1\n" +
-		"operator:\n  replicas: 2\n  schedulerImage: registry.example.com:5000/platform/fairshare@sha256:" + strings.Repeat("0f", 32) + "\nmonitoring:\n  serviceMonitor:\n    interval: 30s\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: 7\n" +
+		"operator:\n  replicas: 2\n  schedulerImage: registry.example.com:5000/platform/fairshare@sha256:" + strings.Repeat("0f", 32) + "\nmonitoring:\n  serviceMonitor:\n    interval: 1m30s\n    scrapeTimeout: 10s\n  prometheusRule:\n    thresholds:\n      backlogMinJobs: 7\n" +
 		"networkPolicy:\n  operator:\n    enabled: true\n  scheduler:\n    providerPorts: [8443]\n"
 	if err := os.WriteFile(f, []byte(good), 0o600); err != nil {
 		t.Fatal(err)
@@ -631,6 +635,51 @@ func TestChartServiceAccountName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChartImage checks the operator's image and the scheduler image it passes to the operator:
+// repository:appVersion by default, repository:tag with image.tag, repository@digest with
+// image.digest (which wins over a tag), and operator.schedulerImage for the schedulers alone.
+func TestChartImage(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		name                string
+		args                []string
+		operator, scheduler string
+	}{
+		{"defaults", nil, "ghcr.io/fairshare-dev/fairshare:" + chartAppVersion(t), "ghcr.io/fairshare-dev/fairshare:" + chartAppVersion(t)},
+		{"tag", []string{"--set", "image.tag=v1.2.3"}, "ghcr.io/fairshare-dev/fairshare:v1.2.3", "ghcr.io/fairshare-dev/fairshare:v1.2.3"},
+		{"digest wins over the tag", []string{"--set", "image.tag=v1.2.3", "--set", "image.digest=" + digest},
+			"ghcr.io/fairshare-dev/fairshare@" + digest, "ghcr.io/fairshare-dev/fairshare@" + digest},
+		{"scheduler image apart", []string{"--set", "image.digest=" + digest, "--set", "operator.schedulerImage=registry.example.com/fs:v2"},
+			"ghcr.io/fairshare-dev/fairshare@" + digest, "registry.example.com/fs:v2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := field(objectNamed(renderChart(t, tc.args...), "Deployment", "f-fairshare"), "spec", "template", "spec", "containers", 0)
+			if got := field(c, "image"); got != tc.operator {
+				t.Errorf("operator image = %v, want %s", got, tc.operator)
+			}
+			if arg := "--scheduler-image=" + tc.scheduler; !slices.Contains(asSlice(field(c, "args")), any(arg)) {
+				t.Errorf("operator args %v lack %s", field(c, "args"), arg)
+			}
+		})
+	}
+}
+
+// chartAppVersion is Chart.yaml's appVersion.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(framework.RepoRoot(), "charts", "fairshare", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &c); err != nil || c.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %v", err)
+	}
+	return c.AppVersion
 }
 
 // TestChartRefusesContradictoryValues checks that values which would render without error but

@@ -30,9 +30,14 @@ every other pod of the namespace runs as and which would get the operator's Clus
 {{- default (include "fairshare.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
-{{/* fairshare.image is the operator (and default scheduler) image. */}}
+{{/* fairshare.image is the operator (and default scheduler) image: repository@digest when
+image.digest is set, else repository:tag with the tag defaulting to the chart's appVersion. */}}
 {{- define "fairshare.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* fairshare.metricsService is "true" when the operator metrics Service is rendered:
