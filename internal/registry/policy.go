@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
@@ -103,6 +104,17 @@ func (p *PoolPolicy) Validate() error {
 	u, err := url.Parse(p.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("baseURL: %q is not an http(s) URL", p.BaseURL)
+	}
+	// The API's CEL rules (api/v1alpha1 UpstreamSpec.BaseURL), checked again
+	// here for a policy that did not come through the API server: the
+	// gateway appends /v1/... to the URL.
+	switch {
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return fmt.Errorf("baseURL: %q has a query or fragment, which would end up before the /v1/... path appended to it", p.BaseURL)
+	case u.User != nil:
+		return fmt.Errorf("baseURL: %q carries credentials (user:password@); the provider's key belongs in the credentials Secret", u.Redacted())
+	case strings.HasSuffix(u.EscapedPath(), "/v1") || strings.HasSuffix(u.EscapedPath(), "/v1/"):
+		return fmt.Errorf("baseURL: %q ends in /v1, which the gateway appends itself", p.BaseURL)
 	}
 	if len(p.Models) == 0 {
 		return errors.New("models: at least one model is required")

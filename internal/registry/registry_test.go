@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -329,5 +330,31 @@ func TestDrainInterval(t *testing.T) {
 	}
 	if d, _ := tn.DrainInterval(t0.Add(20 * time.Second)); d != 8*time.Second {
 		t.Errorf("after an 8 s stall DrainInterval = %v, want 8s", d)
+	}
+}
+
+// TestPoolBaseURL checks the base URL rules the API's CEL rules also apply
+// (api/v1alpha1 UpstreamSpec.BaseURL): the gateway appends /v1/... to it,
+// so a query, a fragment, credentials or a /v1 path are refused with a
+// message naming baseURL, and a password never appears in it.
+func TestPoolBaseURL(t *testing.T) {
+	for url, want := range map[string]string{
+		"https://gw.example.com/openai?api-version=1": `baseURL: "https://gw.example.com/openai?api-version=1" has a query or fragment, which would end up before the /v1/... path appended to it`,
+		"https://api.example.com?":                    `baseURL: "https://api.example.com?" has a query or fragment, which would end up before the /v1/... path appended to it`,
+		"https://api.example.com#x":                   `baseURL: "https://api.example.com#x" has a query or fragment, which would end up before the /v1/... path appended to it`,
+		"https://user:sk-secret@api.example.com":      `baseURL: "https://user:xxxxx@api.example.com" carries credentials (user:password@); the provider's key belongs in the credentials Secret`,
+		"https://api.openai.com/v1":                   `baseURL: "https://api.openai.com/v1" ends in /v1, which the gateway appends itself`,
+		"https://gw.example.com/openai/v1/":           `baseURL: "https://gw.example.com/openai/v1/" ends in /v1, which the gateway appends itself`,
+		"ftp://api.example.com":                       `baseURL: "ftp://api.example.com" is not an http(s) URL`,
+		"https://api.example.com":                     "",
+		"HTTPS://gw.example.com/openai/v1beta":        "",
+		"http://[::1]:8443/":                          "",
+	} {
+		p := testPool()
+		p.BaseURL = url
+		err := p.Validate()
+		if got := fmt.Sprint(err); (want == "" && err != nil) || (want != "" && got != want) {
+			t.Errorf("Validate(%q) = %v, want %q", url, err, want)
+		}
 	}
 }
