@@ -165,7 +165,7 @@ func TestCreateValidation(t *testing.T) {
 			wantErr: []string{"spec.upstream.baseURL must not have a query (?...)"}, causes: 1},
 		"baseURL with credentials": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://user:sk-secret@api.example.com"),
 			wantErr: []string{"spec.upstream.baseURL: Invalid value: \"string\": spec.upstream.baseURL must not carry credentials (user:password@): put the provider's key in the Secret of spec.upstream.credentialsSecretRef"}, causes: 1},
-		"baseURL with an @ in its path": {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/team@a")},
+		"baseURL with an @ in its path":     {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/team@a")},
 		"baseURL of a gateway path":         {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/openai")},
 		"baseURL with a path /v1beta":       {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://gw.example.com/v1beta")},
 		"baseURL with a trailing slash":     {gvk: poolGVK, spec: with(validPool(), "upstream.baseURL", "https://api.openai.com/")},
