@@ -96,7 +96,7 @@ func (g *Gateway) submitBulk(w http.ResponseWriter, r *http.Request) {
 		}
 		g.countRefusal(t, e)
 		resp.Refused++
-		le := &bulkLineError{errorDetail: errorDetail{Message: e.message, Type: e.typ, Code: e.code}, Status: e.status}
+		le := &bulkLineError{errorDetail: e.detail(), Status: e.status}
 		if e.retryable {
 			s := retryAfterSeconds(e.retryAfter)
 			le.RetryAfter = &s

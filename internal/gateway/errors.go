@@ -100,6 +100,19 @@ type apiError struct {
 	// providerLimit: a 413 request_too_large against the provider's limit
 	// of the model rather than one of the tenant's limits.
 	providerLimit bool
+	// param names the request parameter at fault ("model", "max_tokens",
+	// "deadlineSeconds"), as OpenAI's error "param" does; "" writes null.
+	param string
+}
+
+// detail is e's JSON error object: message, type, param (null when e names
+// no parameter) and code.
+func (e *apiError) detail() errorDetail {
+	d := errorDetail{Message: e.message, Type: e.typ, Code: e.code}
+	if e.param != "" {
+		d.Param = &e.param
+	}
+	return d
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1 (RFC 9110
@@ -322,7 +335,7 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	if e.dim != nil {
 		setQuotaHeaders(h, *e.dim)
 	}
-	writeJSON(w, e.status, errorBody{Error: errorDetail{Message: e.message, Type: e.typ, Code: e.code}})
+	writeJSON(w, e.status, errorBody{Error: e.detail()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -335,8 +348,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
+// badRequest is a 400 invalid_request_error with code and message and no
+// param.
 func badRequest(code, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: code, message: msg}
+}
+
+// badParam is badRequest naming the request parameter at fault in the
+// error's "param" (OpenAI's error format: "model", "max_tokens", a job's
+// "deadlineSeconds"), so that a client can tell which field to fix without
+// parsing the message.
+func badParam(code, param, msg string) *apiError {
+	e := badRequest(code, msg)
+	e.param = param
+	return e
 }
 
 // rejectionError maps a limiter refusal to our response (brief "data plane

@@ -57,7 +57,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	m := g.reg.Model(req.model)
 	if m == nil {
-		g.refuse(w, t, badRequest(codeModelNotFound, "The model "+strconv.Quote(req.model)+" is not served by this pool."))
+		g.refuse(w, t, badParam(codeModelNotFound, "model", "The model "+strconv.Quote(req.model)+" is not served by this pool."))
 		return
 	}
 	c, aerr := g.admit(g.clock.Now(), t, pool, m, req.promptTokens, req.maxOutput, throttle.Interactive, req.wouldRefuse)

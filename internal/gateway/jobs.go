@@ -118,7 +118,7 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 		return sr, badRequest(codeInvalidJSON, "The request body is not a valid JSON object.")
 	}
 	if err := decodeField(fields["endpoint"], &sr.Endpoint); err != nil {
-		return sr, badRequest(codeInvalidEndpoint, "\"endpoint\" must be a string.")
+		return sr, badParam(codeInvalidEndpoint, "endpoint", "\"endpoint\" must be a string.")
 	}
 	sr.Body = fields["body"]
 	if v, ok := fields["metadata"]; ok {
@@ -126,20 +126,20 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 	}
 	var d *float64
 	if err := decodeField(fields["deadlineSeconds"], &d); err != nil {
-		return sr, badRequest(codeInvalidDeadline, "\"deadlineSeconds\" must be a number of seconds.")
+		return sr, badParam(codeInvalidDeadline, "deadlineSeconds", "\"deadlineSeconds\" must be a number of seconds.")
 	}
 	if d != nil {
 		if math.IsNaN(*d) || *d < minDeadline.Seconds() {
-			return sr, badRequest(codeInvalidDeadline, fmt.Sprintf("\"deadlineSeconds\" must be at least %g seconds.", minDeadline.Seconds()))
+			return sr, badParam(codeInvalidDeadline, "deadlineSeconds", fmt.Sprintf("\"deadlineSeconds\" must be at least %g seconds.", minDeadline.Seconds()))
 		}
 		sr.DeadlineSeconds = d
 	}
 	if err := decodeField(fields["webhookURL"], &sr.WebhookURL); err != nil {
-		return sr, badRequest(codeInvalidRequest, "\"webhookURL\" must be a string.")
+		return sr, badParam(codeInvalidRequest, "webhookURL", "\"webhookURL\" must be a string.")
 	}
 	if sr.WebhookURL != "" {
 		if msg := validWebhookURL(sr.WebhookURL); msg != "" {
-			return sr, badRequest(codeInvalidRequest, msg)
+			return sr, badParam(codeInvalidRequest, "webhookURL", msg)
 		}
 	}
 	return sr, nil
@@ -195,20 +195,20 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		sr.Endpoint = endpointChat
 	}
 	if sr.Endpoint != endpointChat && sr.Endpoint != endpointCompletions && sr.Endpoint != endpointEmbeddings {
-		return jobs.Job{}, badRequest(codeInvalidEndpoint, fmt.Sprintf("endpoint must be %s, %s or %s.", endpointChat, endpointCompletions, endpointEmbeddings))
+		return jobs.Job{}, badParam(codeInvalidEndpoint, "endpoint", fmt.Sprintf("endpoint must be %s, %s or %s.", endpointChat, endpointCompletions, endpointEmbeddings))
 	}
 	if len(sr.Metadata) > 0 && !bytes.Equal(sr.Metadata, []byte("null")) && bytes.TrimSpace(sr.Metadata)[0] != '{' {
-		return jobs.Job{}, badRequest(codeInvalidRequest, "metadata must be a JSON object.")
+		return jobs.Job{}, badParam(codeInvalidRequest, "metadata", "metadata must be a JSON object.")
 	}
 	if b := bytes.TrimSpace(sr.Body); len(b) == 0 || b[0] != '{' {
-		return jobs.Job{}, badRequest(codeInvalidRequest, "The job needs a \"body\" object (an OpenAI request).")
+		return jobs.Job{}, badParam(codeInvalidRequest, "body", "The job needs a \"body\" object (an OpenAI request).")
 	}
 	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool, g.promptCounter(t))
 	if aerr != nil {
 		return jobs.Job{}, aerr
 	}
 	if req.stream {
-		return jobs.Job{}, badRequest(codeStreamNotSupported, "Batch jobs cannot stream; remove \"stream\".")
+		return jobs.Job{}, badParam(codeStreamNotSupported, "body.stream", "Batch jobs cannot stream; remove \"stream\".")
 	}
 	pol := t.Policy()
 	if aerr := req.applyPlanCap(pol.MaxOutputTokensPerRequest, pol.DryRun); aerr != nil {
@@ -285,7 +285,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			return jobs.Job{}, &apiError{status: http.StatusServiceUnavailable, typ: typeRateLimit, code: codePoolQueueFull,
 				retryAfter: time.Second, retryable: true, message: "The pool's job queue is full. Retry in 1s."}
 		case errors.Is(err, fairqueue.ErrExpired):
-			return jobs.Job{}, badRequest(codeInvalidDeadline, "deadlineSeconds is too short: the job's deadline has already passed.")
+			return jobs.Job{}, badParam(codeInvalidDeadline, "deadlineSeconds", "deadlineSeconds is too short: the job's deadline has already passed.")
 		default:
 			return jobs.Job{}, badRequest(codeInvalidRequest, "The job could not be queued.")
 		}
@@ -344,20 +344,20 @@ func (g *Gateway) listJobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := jobs.Filter{Status: jobs.Status(q.Get("status")), After: q.Get("after"), Limit: defaultListLimit}
 	if f.Status != "" && !f.Status.Valid() {
-		writeError(w, badRequest(codeInvalidRequest, "status must be queued, running, succeeded, failed, expired or cancelled."))
+		writeError(w, badParam(codeInvalidRequest, "status", "status must be queued, running, succeeded, failed, expired or cancelled."))
 		return
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxListLimit {
-			writeError(w, badRequest(codeInvalidRequest, fmt.Sprintf("limit must be an integer in [1, %d].", maxListLimit)))
+			writeError(w, badParam(codeInvalidRequest, "limit", fmt.Sprintf("limit must be an integer in [1, %d].", maxListLimit)))
 			return
 		}
 		f.Limit = n
 	}
 	list, more, err := g.store.List(t.ID, f)
 	if err != nil {
-		writeError(w, badRequest(codeInvalidRequest, "after is not a job id."))
+		writeError(w, badParam(codeInvalidRequest, "after", "after is not a job id."))
 		return
 	}
 	resp := listResponse{Object: "list", Data: make([]jobView, len(list)), HasMore: more}

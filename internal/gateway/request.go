@@ -254,21 +254,20 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 	}
 	f := &req.fields
 	if err := decodeField(f.model, &req.model); err != nil || req.model == "" {
-		return nil, badRequest(codeInvalidRequest, "The request needs a string \"model\".")
+		return nil, badParam(codeInvalidRequest, "model", "The request needs a string \"model\".")
 	}
 	if !pool.HasModel(req.model) {
-		return nil, &apiError{status: http.StatusBadRequest, typ: typeInvalidRequest, code: codeModelNotFound,
-			message: fmt.Sprintf("The model %q is not served by this pool.", req.model)}
+		return nil, badParam(codeModelNotFound, "model", fmt.Sprintf("The model %q is not served by this pool.", req.model))
 	}
 	if err := decodeField(f.stream, &req.stream); err != nil {
-		return nil, badRequest(codeInvalidRequest, "\"stream\" must be a boolean.")
+		return nil, badParam(codeInvalidRequest, "stream", "\"stream\" must be a boolean.")
 	}
 	if raw := f.streamOptions; raw != nil && req.stream {
 		var so struct {
 			IncludeUsage bool `json:"include_usage"`
 		}
 		if err := json.Unmarshal(raw, &so); err != nil {
-			return nil, badRequest(codeInvalidRequest, "\"stream_options\" must be an object.")
+			return nil, badParam(codeInvalidRequest, "stream_options", "\"stream_options\" must be an object.")
 		}
 		req.clientUsage = so.IncludeUsage
 	}
@@ -282,13 +281,16 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 		req.promptTokens, err = inputTokens(f.input, pc)
 	}
 	if err != nil {
-		return nil, badRequest(codeInvalidRequest, err.Error())
+		return nil, badParam(codeInvalidRequest, promptParam(endpoint), err.Error())
 	}
 	if endpoint != endpointEmbeddings {
 		var maxTokens, maxCompletion *int64
-		if decodeField(f.maxTokens, &maxTokens) != nil || decodeField(f.maxCompletionTokens, &maxCompletion) != nil ||
-			(maxTokens != nil && *maxTokens < 0) || (maxCompletion != nil && *maxCompletion < 0) {
-			return nil, badRequest(codeInvalidRequest, "\"max_tokens\" and \"max_completion_tokens\" must be non-negative integers.")
+		const msg = "\"max_tokens\" and \"max_completion_tokens\" must be non-negative integers."
+		if decodeField(f.maxTokens, &maxTokens) != nil || (maxTokens != nil && *maxTokens < 0) {
+			return nil, badParam(codeInvalidRequest, "max_tokens", msg)
+		}
+		if decodeField(f.maxCompletionTokens, &maxCompletion) != nil || (maxCompletion != nil && *maxCompletion < 0) {
+			return nil, badParam(codeInvalidRequest, "max_completion_tokens", msg)
 		}
 		switch {
 		case maxTokens != nil && maxCompletion != nil:
@@ -303,7 +305,7 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 		}
 		var n *int64
 		if decodeField(f.n, &n) != nil || (n != nil && *n < 1) {
-			return nil, badRequest(codeInvalidRequest, "\"n\" must be a positive integer.")
+			return nil, badParam(codeInvalidRequest, "n", "\"n\" must be a positive integer.")
 		}
 		// Charged for every choice asked for: the provider is sent n as
 		// given (it refuses n above its own bound, which refunds in full).
@@ -728,4 +730,17 @@ func (req *request) upstreamBody() (body []byte, injected bool, err error) {
 	}
 	body, err = json.Marshal(fields)
 	return body, injectUsage, err
+}
+
+// promptParam is the request parameter that holds an endpoint's input:
+// "messages" for chat completions, "prompt" for completions, "input" for
+// embeddings.
+func promptParam(endpoint string) string {
+	switch endpoint {
+	case endpointCompletions:
+		return "prompt"
+	case endpointEmbeddings:
+		return "input"
+	}
+	return "messages"
 }
