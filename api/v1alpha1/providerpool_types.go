@@ -63,7 +63,8 @@ type UpstreamSpec struct {
 	// `/v1/...` path, for example `https://api.openai.com`. The scheduler
 	// appends `/v1/chat/completions` and the like itself, so a URL whose path
 	// ends in `/v1` or `/v1/` (`https://api.openai.com/v1`) is refused, and
-	// so is a query (`?...`), which would end up before the appended path, and
+	// so are a query (`?...`) and a fragment (`#...`), which would end up
+	// before the appended path, and
 	// credentials in the URL (`user:password@`), which belong in
 	// credentialsSecretRef's Secret.
 	// +required
@@ -73,6 +74,7 @@ type UpstreamSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || isURL(self)",message="spec.upstream.baseURL must be a valid URL, for example https://api.openai.com"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || url(self).getHostname() != ''",message="spec.upstream.baseURL must have a host, for example https://api.openai.com"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !(url(self).getEscapedPath().endsWith('/v1') || url(self).getEscapedPath().endsWith('/v1/'))",message="spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/... (for example /v1/chat/completions) itself, so use https://api.openai.com, not https://api.openai.com/v1"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !self.contains('#')",message="spec.upstream.baseURL must not have a fragment (#...): the scheduler appends the API path (/v1/chat/completions) to the URL, so a fragment would end up before it"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('?')",message="spec.upstream.baseURL must not have a query (?...): the scheduler appends the API path (/v1/chat/completions) to the URL, so a query would end up before it"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://[^/?#]*@')",message="spec.upstream.baseURL must not carry credentials (user:password@): put the provider's key in the Secret of spec.upstream.credentialsSecretRef"
 	BaseURL string `json:"baseURL"`
