@@ -109,10 +109,10 @@ func (p *PoolPolicy) Validate() error {
 	// here for a policy that did not come through the API server: the
 	// gateway appends /v1/... to the URL.
 	switch {
+	case u.User != nil: // first, so that no other message repeats a password
+		return fmt.Errorf("baseURL: %q carries credentials (user:password@); the provider's key belongs in the credentials Secret", u.Redacted())
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return fmt.Errorf("baseURL: %q has a query or fragment, which would end up before the /v1/... path appended to it", p.BaseURL)
-	case u.User != nil:
-		return fmt.Errorf("baseURL: %q carries credentials (user:password@); the provider's key belongs in the credentials Secret", u.Redacted())
 	case strings.HasSuffix(u.EscapedPath(), "/v1") || strings.HasSuffix(u.EscapedPath(), "/v1/"):
 		return fmt.Errorf("baseURL: %q ends in /v1, which the gateway appends itself", p.BaseURL)
 	}

@@ -343,6 +343,7 @@ func TestPoolBaseURL(t *testing.T) {
 		"https://api.example.com?":                    `baseURL: "https://api.example.com?" has a query or fragment, which would end up before the /v1/... path appended to it`,
 		"https://api.example.com#x":                   `baseURL: "https://api.example.com#x" has a query or fragment, which would end up before the /v1/... path appended to it`,
 		"https://user:sk-secret@api.example.com":      `baseURL: "https://user:xxxxx@api.example.com" carries credentials (user:password@); the provider's key belongs in the credentials Secret`,
+		"https://user:sk-secret@api.example.com/v1?x": `baseURL: "https://user:xxxxx@api.example.com/v1?x" carries credentials (user:password@); the provider's key belongs in the credentials Secret`,
 		"https://api.openai.com/v1":                   `baseURL: "https://api.openai.com/v1" ends in /v1, which the gateway appends itself`,
 		"https://gw.example.com/openai/v1/":           `baseURL: "https://gw.example.com/openai/v1/" ends in /v1, which the gateway appends itself`,
 		"ftp://api.example.com":                       `baseURL: "ftp://api.example.com" is not an http(s) URL`,
