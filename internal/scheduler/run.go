@@ -94,12 +94,13 @@ type Flags struct {
 	// HTTPAddr, MetricsAddr and HealthAddr override the settings' listen
 	// addresses when not empty (several processes on one machine).
 	HTTPAddr, MetricsAddr, HealthAddr string
-	// JobStore, when not empty, overrides the settings' jobStorePath: the
-	// path of the durable job store (a bbolt file, see jobs.BoltStore). The
-	// operator renders jobs.DefaultPath on the pool's volume in the
-	// settings; tests and local runs pass their own file. With neither,
-	// jobs are kept in memory (lost on restart).
-	JobStore string
+	// JobStore, when not nil (--job-store given), replaces the settings'
+	// jobStorePath: the path of the durable job store (a bbolt file, see
+	// jobs.BoltStore), or "" (--job-store=) to keep jobs in memory (lost on
+	// restart) whatever the settings say. The operator renders
+	// jobs.DefaultPath on the pool's volume in the settings; tests and local
+	// runs pass their own file. With neither, jobs are kept in memory.
+	JobStore *string
 	// Zap are the logging flags (--zap-log-level, --zap-devel, ...).
 	Zap zap.Options
 }
@@ -113,12 +114,17 @@ func ParseFlags(args []string) (Flags, error) {
 	fs.StringVar(&f.HTTPAddr, "http-addr", "", "Listen address of the gateway (overrides the settings' httpAddr).")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "Listen address of /metrics (overrides the settings' metricsAddr; \"0\" disables).")
 	fs.StringVar(&f.HealthAddr, "health-addr", "", "Listen address of /healthz and /readyz (overrides the settings' healthAddr; \"0\" disables).")
-	fs.StringVar(&f.JobStore, "job-store", "", "Path of the durable job store file (bbolt), for example "+jobs.DefaultPath+
-		" (overrides the settings' jobStorePath). Empty in both: jobs are kept in memory and lost on restart.")
+	jobStore := fs.String("job-store", "", "Path of the durable job store file (bbolt), for example "+jobs.DefaultPath+
+		" (replaces the settings' jobStorePath; --job-store= keeps jobs in memory). Empty in both: jobs are kept in memory and lost on restart.")
 	f.Zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return Flags{}, err
 	}
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "job-store" {
+			f.JobStore = jobStore
+		}
+	})
 	if f.Config == "" {
 		return Flags{}, errors.New("--config is required")
 	}
@@ -149,16 +155,20 @@ func Run(ctx context.Context, args []string) error {
 	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
 }
 
-// applyFlags returns s with the listen addresses and the job store path
-// replaced by the flags that are not empty.
+// applyFlags returns s with the listen addresses replaced by the flags
+// that are not empty, and the job store path by --job-store when it was
+// given, even empty (jobs in memory).
 func applyFlags(s schedconfig.Settings, f Flags) schedconfig.Settings {
 	for _, o := range []struct {
 		dst *string
 		v   string
-	}{{&s.HTTPAddr, f.HTTPAddr}, {&s.MetricsAddr, f.MetricsAddr}, {&s.HealthAddr, f.HealthAddr}, {&s.JobStorePath, f.JobStore}} {
+	}{{&s.HTTPAddr, f.HTTPAddr}, {&s.MetricsAddr, f.MetricsAddr}, {&s.HealthAddr, f.HealthAddr}} {
 		if o.v != "" {
 			*o.dst = o.v
 		}
+	}
+	if f.JobStore != nil {
+		s.JobStorePath = *f.JobStore
 	}
 	return s
 }
@@ -274,8 +284,17 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		return fmt.Errorf("loading the tokenizer: %w", err)
 	}
 	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
-		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", s.JobStorePath)
+		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", storeDescription(s.JobStorePath))
 	return mgr.Start(ctx)
+}
+
+// storeDescription is the job store as logged at start: its path, or
+// "memory" when jobs are kept in memory.
+func storeDescription(path string) string {
+	if path == "" {
+		return "memory"
+	}
+	return path
 }
 
 // leaderGateway is the leader-only Runnable of the data plane: once the

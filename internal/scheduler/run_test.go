@@ -37,8 +37,27 @@ func TestParseFlags(t *testing.T) {
 	if f.Config != "/etc/s.json" || f.HTTPAddr != ":1" || f.MetricsAddr != "0" || f.HealthAddr != ":3" || f.Kubeconfig != "/k" {
 		t.Errorf("flags = %+v", f)
 	}
+	if f.JobStore != nil {
+		t.Errorf("--job-store not given: JobStore = %q, want nil (the settings' path applies)", *f.JobStore)
+	}
 	if _, err := ParseFlags(nil); err == nil || !strings.Contains(err.Error(), "--config is required") {
 		t.Errorf("missing --config: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--job-store", "/tmp/j.db"}, "/tmp/j.db"},
+		{[]string{"--job-store="}, ""},
+		{[]string{"--job-store", ""}, ""},
+	} {
+		f, err := ParseFlags(append([]string{"--config", "/etc/s.json"}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.JobStore == nil || *f.JobStore != tc.want {
+			t.Errorf("%q: JobStore = %v, want %q", tc.args, f.JobStore, tc.want)
+		}
 	}
 }
 
@@ -255,10 +274,20 @@ func TestApplyFlags(t *testing.T) {
 	if got := applyFlags(s, Flags{}); got != s {
 		t.Errorf("no flags: %+v, want the settings %+v", got, s)
 	}
-	got := applyFlags(s, Flags{HTTPAddr: "127.0.0.1:1", JobStore: "/tmp/j.db"})
+	path, memory := "/tmp/j.db", ""
+	got := applyFlags(s, Flags{HTTPAddr: "127.0.0.1:1", JobStore: &path})
 	want := schedconfig.Settings{HTTPAddr: "127.0.0.1:1", MetricsAddr: ":9090", HealthAddr: ":8081", JobStorePath: "/tmp/j.db"}
 	if got != want {
 		t.Errorf("flags: %+v, want %+v", got, want)
+	}
+	// --job-store= keeps jobs in memory although the settings name a file.
+	got = applyFlags(s, Flags{JobStore: &memory})
+	want = schedconfig.Settings{HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081", JobStorePath: ""}
+	if got != want {
+		t.Errorf("--job-store=: %+v, want %+v", got, want)
+	}
+	if storeDescription("") != "memory" || storeDescription(path) != path {
+		t.Errorf("storeDescription: %q, %q", storeDescription(""), storeDescription(path))
 	}
 }
 
