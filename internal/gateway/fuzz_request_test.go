@@ -299,8 +299,9 @@ func FuzzDecodeRequestFields(f *testing.F) {
 }
 
 // FuzzDecodeMessage: decodeMessage decodes every valid JSON value exactly
-// as json.Unmarshal into a tokencount.Message does (the same error or
-// none, the same name and raw content).
+// as json.Unmarshal into a tokencount.Message does (its UnmarshalJSON:
+// exact member names; the same error or none, the same name and raw
+// content).
 func FuzzDecodeMessage(f *testing.F) {
 	for _, s := range []string{
 		`{"role":"user","content":"hi"}`, `{"content":"a","Content":"b","CONTENT":null}`,

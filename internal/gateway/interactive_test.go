@@ -163,14 +163,31 @@ func readEvents(t *testing.T, resp *http.Response) []string {
 // TestStreamUsageChunkHiddenWhenNotAsked: the gateway injects
 // stream_options.include_usage upstream and drops the usage-only chunk for a
 // client that did not ask; a client that asked gets it.
+//
+// Member names are exact, as the providers read them: "Include_Usage" does
+// not ask (the gateway still asks upstream, so the call is settled from the
+// provider's usage); stream_options null is no options (it once made the
+// handler panic on a nil map).
 func TestStreamUsageChunkHiddenWhenNotAsked(t *testing.T) {
-	for _, asked := range []bool{false, true} {
-		t.Run(map[bool]string{false: "not asked", true: "asked"}[asked], func(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		options string // stream_options, "" for none
+		asked   bool
+	}{
+		{"not asked", "", false},
+		{"asked", `{"include_usage":true}`, true},
+		{"null options", `null`, false},
+		{"asked false", `{"include_usage":false,"x":1}`, false},
+		{"null include_usage", `{"include_usage":null}`, false},
+		{"other case", `{"Include_Usage":true}`, false},
+	} {
+		asked := c.asked
+		t.Run(c.name, func(t *testing.T) {
 			up := newUpstream(t, sseStream(3, 10))
 			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(60000), WeightedBurst: i64(10000)})})
 			extra := `,"stream":true`
-			if asked {
-				extra += `,"stream_options":{"include_usage":true}`
+			if c.options != "" {
+				extra += `,"stream_options":` + c.options
 			}
 			resp := e.do("POST", "/v1/completions", "key-a", completionsBody(10, 100, extra))
 			if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {

@@ -128,6 +128,9 @@ func requestKeyName(k []byte, buf *[24]byte) (name []byte, ok bool) {
 	return buf[:n], true
 }
 
+// isJSONNull reports whether raw, a JSON value, is the literal null.
+func isJSONNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
 // hexValue is the value of the hexadecimal digit c, or -1.
 func hexValue(c byte) int {
 	switch {
@@ -262,14 +265,19 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 	if err := decodeField(f.stream, &req.stream); err != nil {
 		return nil, badParam(codeInvalidRequest, "stream", "\"stream\" must be a boolean.")
 	}
-	if raw := f.streamOptions; raw != nil && req.stream {
-		var so struct {
-			IncludeUsage bool `json:"include_usage"`
-		}
+	if raw := f.streamOptions; raw != nil && req.stream && !isJSONNull(raw) {
+		// Member names are exact, as the providers read them: a client's
+		// "Include_Usage" does not ask for the usage chunk, so the gateway
+		// still asks for it upstream (upstreamBody). null is no options.
+		var so map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &so); err != nil {
 			return nil, badParam(codeInvalidRequest, "stream_options", "\"stream_options\" must be an object.")
 		}
-		req.clientUsage = so.IncludeUsage
+		if v, ok := so["include_usage"]; ok && !isJSONNull(v) {
+			if err := json.Unmarshal(v, &req.clientUsage); err != nil {
+				return nil, badParam(codeInvalidRequest, "stream_options.include_usage", "\"stream_options.include_usage\" must be a boolean.")
+			}
+		}
 	}
 	var err error
 	switch endpoint {
@@ -496,14 +504,15 @@ func chatPromptTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 }
 
 // decodeMessage decodes one chat message (a value of a body scanJSON has
-// validated) into m exactly as json.Unmarshal(raw, m) does. An object whose
-// keys are plain ASCII and whose "name", if any, is a plain string or null
-// is read member by member: a key equal to "content" or "name" under ASCII
-// case folding sets that field (encoding/json matches struct fields case-
-// insensitively, and the last of duplicates wins; null leaves Name as it
-// is); the other members are skipped. Anything else (a key with an escape or
-// a non-ASCII byte, which may fold to a field name; a name of another type;
-// a value that is not an object) is left to json.Unmarshal.
+// validated) into m exactly as json.Unmarshal(raw, m) does
+// (tokencount.Message.UnmarshalJSON: exact member names, as the providers
+// read them). An object whose keys are plain ASCII and whose "name", if any,
+// is a plain string or null is read member by member: a key equal to
+// "content" or "name" sets that field (the last of duplicates wins; a null
+// name is no name); the other members are skipped. Anything else (a
+// key with an escape, which may unescape to a field name, or a non-ASCII
+// byte; a name of another type; a value that is not an object) is left to
+// json.Unmarshal.
 func decodeMessage(raw []byte, m *tokencount.Message) error {
 	if !decodeMessagePlain(raw, m) {
 		*m = tokencount.Message{}
@@ -520,9 +529,10 @@ func decodeMessagePlain(raw []byte, m *tokencount.Message) bool {
 	}
 	return eachMember(raw, func(key, value []byte) bool {
 		switch {
-		case asciiEqualFold(key, "content"):
+		case string(key) == "content":
 			m.Content = json.RawMessage(value)
-		case asciiEqualFold(key, "name"):
+		case string(key) == "name":
+			m.Name = ""
 			if !bytes.Equal(value, []byte("null")) {
 				s, ok := tokencount.PlainJSONString(value)
 				if !ok {
@@ -710,9 +720,12 @@ func (req *request) upstreamBody() (body []byte, injected bool, err error) {
 		return nil, false, err
 	}
 	if injectUsage {
-		so := map[string]json.RawMessage{}
+		var so map[string]json.RawMessage
 		if raw := req.fields.streamOptions; raw != nil {
 			_ = json.Unmarshal(raw, &so)
+		}
+		if so == nil { // absent or null
+			so = map[string]json.RawMessage{}
 		}
 		so["include_usage"] = json.RawMessage("true")
 		b, err := json.Marshal(so)

@@ -63,10 +63,43 @@ func Text(s string) (int64, error) {
 }
 
 // Message is the part of an OpenAI chat message that costs prompt tokens.
+// It is decoded by its UnmarshalJSON, with exact member names.
 type Message struct {
 	Name    string          `json:"name,omitempty"`
 	Content json.RawMessage `json:"content"`
 }
+
+// UnmarshalJSON decodes a chat message as the providers' APIs read it, with
+// exact, case-sensitive member names: "content" is kept as its raw JSON
+// value, "name" must be a string or null (no name), the last of duplicate
+// members wins (as in the providers' JSON decoders) and every other member
+// is ignored. JSON
+// null leaves m as it is; any other value that is not an object is an
+// error. encoding/json's own struct decoding would also take "Content" or
+// "NAME", so that a message carrying a long "content" and a short
+// "Content" would be counted by the short one while the provider reads the
+// long one.
+func (m *Message) UnmarshalJSON(data []byte) error {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(data, &members); err != nil {
+		return err
+	}
+	if c, ok := members["content"]; ok {
+		m.Content = c
+	}
+	if n, ok := members["name"]; ok {
+		m.Name = ""
+		if !isNull(n) {
+			if err := json.Unmarshal(n, &m.Name); err != nil {
+				return fmt.Errorf("name: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// isNull reports whether raw is the JSON literal null.
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // Chat returns the prompt tokens of chat messages: content tokens plus the
 // fixed overheads above. It returns an error naming the message whose content
@@ -96,7 +129,9 @@ var ErrContent = errors.New("content must be a string or an array of content par
 // ContentText extracts the text of a message's content: a JSON string, or the
 // "text" of every part of an array of content parts (other parts, such as
 // images, count nothing). Null or absent content (an assistant message with
-// tool calls) is empty.
+// tool calls) is empty. A part's "text" is matched exactly, as the
+// providers match it ("TEXT" is not its text); it must be a string or null.
+// A part that is neither an object nor null is an error.
 func ContentText(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
@@ -111,15 +146,23 @@ func ContentText(raw json.RawMessage) (string, error) {
 		err := json.Unmarshal(raw, &s)
 		return s, err
 	case '[':
-		var parts []struct {
-			Text string `json:"text"`
-		}
+		var parts []map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &parts); err != nil {
 			return "", err
 		}
 		var sb strings.Builder
-		for _, p := range parts {
-			sb.WriteString(p.Text)
+		for i, p := range parts {
+			t, ok := p["text"]
+			if !ok || isNull(t) {
+				continue
+			}
+			s, ok := PlainJSONString(t)
+			if !ok {
+				if err := json.Unmarshal(t, &s); err != nil {
+					return "", fmt.Errorf("part %d: text: %w", i, err)
+				}
+			}
+			sb.WriteString(s)
 		}
 		return sb.String(), nil
 	}

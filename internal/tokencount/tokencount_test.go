@@ -31,3 +31,42 @@ func TestChat(t *testing.T) {
 		t.Fatalf("numeric content: got %v, want ErrContent", err)
 	}
 }
+
+// TestMemberNamesExact: a message's "content" and "name" and a content
+// part's "text" are matched exactly, as the providers read them; other
+// spellings are other members. The last of duplicates wins.
+func TestMemberNamesExact(t *testing.T) {
+	for _, c := range []struct {
+		raw, name, content string
+		err                bool
+	}{
+		{raw: `{"content":"long text","Content":"hi","NAME":"x"}`, content: `"long text"`},
+		{raw: `{"Content":"hi"}`},
+		{raw: `{"name":"a","name":null,"content":null}`, content: `null`},
+		{raw: `{"name":"a","Name":"b"}`, name: "a"},
+		{raw: `{"\u006eame":"e"}`, name: "e"},
+		{raw: `{"name":1}`, err: true},
+		{raw: `[1]`, err: true},
+		{raw: `null`},
+	} {
+		var m Message
+		err := json.Unmarshal([]byte(c.raw), &m)
+		if (err != nil) != c.err || m.Name != c.name || string(m.Content) != c.content {
+			t.Errorf("%s: name %q content %q err %v; want %q %q err %v", c.raw, m.Name, m.Content, err, c.name, c.content, c.err)
+		}
+	}
+	for _, c := range []struct {
+		raw, want string
+		err       bool
+	}{
+		{raw: `[{"type":"text","text":"abc","TEXT":""}]`, want: "abc"},
+		{raw: `[{"type":"text","Text":"abc"},{"text":"d\u00e9"},null,{"text":null}]`, want: "dé"},
+		{raw: `[{"text":5}]`, err: true},
+		{raw: `["abc"]`, err: true},
+	} {
+		got, err := ContentText(json.RawMessage(c.raw))
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("ContentText(%s) = %q, %v; want %q, error %v", c.raw, got, err, c.want, c.err)
+		}
+	}
+}

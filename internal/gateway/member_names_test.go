@@ -1,0 +1,37 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// TestPromptMemberNamesExact: admission counts the members the provider
+// reads, whose names are case-sensitive. A message's long "content" next to
+// a short "Content", or a content part's long "text" next to an empty
+// "TEXT", is counted by the long one: over the tenant's burst, 413 before
+// any call, nothing charged. (encoding/json's case-insensitive struct
+// matching once counted the short one, so the call went through charged
+// 12 weighted tokens while the provider read 60,000 bytes.)
+func TestPromptMemberNamesExact(t *testing.T) {
+	huge := strings.Repeat("hello world ", 5000)
+	for name, msg := range map[string]string{
+		"content and Content": `{"role":"user","content":"` + huge + `","Content":"hi"}`,
+		"text and TEXT part":  `{"role":"user","content":[{"type":"text","text":"` + huge + `","TEXT":""}]}`,
+		"escaped content key": `{"role":"user","\u0063ontent":"` + huge + `","Content":"hi"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t, okJSON(5, 5))
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600), WeightedBurst: i64(100)})})
+			resp := e.do("POST", "/v1/chat/completions", "key-a", `{"model":"`+testModel+`","max_tokens":5,"messages":[`+msg+`]}`)
+			if st, code := errorCode(t, resp); st != 413 || code != codeRequestTooLarge {
+				t.Errorf("got %d %s, want 413 %s", st, code, codeRequestTooLarge)
+			}
+			if up.calls.Load() != 0 || e.tokensLeft("a") != 100 {
+				t.Errorf("upstream calls %d, bucket %d; want 0 and 100", up.calls.Load(), e.tokensLeft("a"))
+			}
+		})
+	}
+}
