@@ -173,6 +173,12 @@ func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
 	c.once.Do(func() {
 		g := c.g
 		now := g.clock.Now()
+		if u.Known && !u.Valid() {
+			// A negative count from the provider is malformed: the usage is
+			// unknown to the limiter, the throttle and the usage window
+			// alike, so the charge stands (BC-28(a)).
+			u = limiter.Usage{}
+		}
 		switch kind {
 		case settleUsage:
 			s = c.res.Complete(now, u)

@@ -35,3 +35,22 @@ func TestPromptMemberNamesExact(t *testing.T) {
 		})
 	}
 }
+
+// TestNegativeUsageKeepsTheCharge: a 200 whose usage has a negative count
+// is settled as unknown usage: the charge (prompt 100 + max_tokens 1000)
+// stands instead of a refund of everything (the counts were once clamped to
+// zero tokens used).
+func TestNegativeUsageKeepsTheCharge(t *testing.T) {
+	for _, u := range [][2]int64{{-5, 10}, {100, -1}} {
+		up := newUpstream(t, okJSON(u[0], u[1]))
+		e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600), WeightedBurst: i64(10000)})})
+		resp := e.do("POST", "/v1/completions", "key-a", completionsBody(100, 1000, ""))
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("usage %v: status %d", u, resp.StatusCode)
+		}
+		if got := e.tokensLeft("a"); got != 10000-1100 {
+			t.Errorf("usage %v: bucket %d, want %d (the charge of 1100 stands)", u, got, 10000-1100)
+		}
+	}
+}

@@ -110,3 +110,9 @@ type Usage struct {
 	PromptTokens, OutputTokens int64
 	Known                      bool
 }
+
+// Valid reports whether u carries usable figures: Known, with no negative
+// count. A negative count is a malformed report, not a refund: such usage
+// is settled as unknown (the charge stands, BC-28(a)), never clamped to
+// zero tokens used.
+func (u Usage) Valid() bool { return u.Known && u.PromptTokens >= 0 && u.OutputTokens >= 0 }

@@ -820,3 +820,30 @@ func TestTooLargeNamesUnitNeedAndCapacity(t *testing.T) {
 		t.Errorf("KV blocks: %+v", rej)
 	}
 }
+
+// TestNegativeUsageKeepsTheCharge: a provider's negative count is a
+// malformed report, settled as unknown usage (the charge stands), never
+// clamped into a full refund.
+func TestNegativeUsageKeepsTheCharge(t *testing.T) {
+	for _, u := range []Usage{
+		{PromptTokens: -5, OutputTokens: 10, Known: true},
+		{PromptTokens: 5, OutputTokens: -1, Known: true},
+		{PromptTokens: -1, OutputTokens: -1, Known: true},
+	} {
+		tn := NewTenant(Limits{WeightedPerMinute: i64(600), WeightedBurst: i64(1000)}, now0)
+		r := mustAdmit(t, tn, now0, ones.Cost(100, 200))
+		got := r.Complete(now0, u)
+		if diff := cmp.Diff(Settlement{Applied: true, ChargedWeighted: 300, UsedWeighted: 300, RefundedWeighted: 0}, got); diff != "" {
+			t.Errorf("%+v: settlement (-want +got):\n%s", u, diff)
+		}
+		if got := weighted(tn, now0); got != 700 {
+			t.Errorf("%+v: bucket %v, want 700 (the charge of 300 stands)", u, got)
+		}
+		if u.Valid() {
+			t.Errorf("%+v: Valid() = true", u)
+		}
+	}
+	if !(Usage{PromptTokens: 0, OutputTokens: 0, Known: true}).Valid() || (Usage{}).Valid() {
+		t.Error("Valid: zero known usage must be valid, unknown usage not")
+	}
+}

@@ -696,7 +696,7 @@ type Settlement struct {
 // used returns the actual prompt, output and weighted tokens of the request
 // from u, or the charge when u is unknown (BC-28(a)).
 func (c *Cost) used(u Usage) (p, o, w int64) {
-	if !u.Known {
+	if !u.Valid() {
 		return c.PromptTokens, c.MaxOutputTokens, c.Weighted
 	}
 	p, o = clampTokens(u.PromptTokens), clampTokens(u.OutputTokens)
@@ -708,8 +708,8 @@ func (c *Cost) used(u Usage) (p, o, w int64) {
 // charged to, it credits charge - actual (clamped to the capacity), or debits
 // actual - charge when usage exceeded the charge (debt down to -capacity,
 // BC-15, BC-29); the refund is computed from this record, not from the
-// bucket's current window (BC-23). With u.Known false the charge stands
-// (BC-28(a)). The request bucket is not refunded. It releases the concurrency
+// bucket's current window (BC-23). With u.Known false, or a negative count
+// (Usage.Valid), the charge stands (BC-28(a)). The request bucket is not refunded. It releases the concurrency
 // slot and the KV blocks. It is applied exactly once: later Complete or Cancel
 // calls return the zero Settlement (BC-15, BC-23).
 //
