@@ -163,8 +163,10 @@ type Options struct {
 	Log logr.Logger
 	// MaxBodyBytes bounds request bodies; <= 0 means 8 MiB.
 	MaxBodyBytes int64
-	// MaxResponseBytes bounds non-streaming bodies read for usage; <= 0
-	// means 32 MiB.
+	// MaxResponseBytes bounds non-streaming bodies read for usage (a larger
+	// one is passed through unread) and each server-sent event of a stream
+	// (a larger one, such as a provider that never ends a line, breaks the
+	// stream off as a provider failure); <= 0 means 32 MiB.
 	MaxResponseBytes int64
 	// Rand returns a number in [0, 1) for retry jitter; nil uses math/rand/v2.
 	Rand func() float64

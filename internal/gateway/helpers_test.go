@@ -123,6 +123,7 @@ type env struct {
 type envConfig struct {
 	pool        registry.PoolPolicy
 	concurrency int
+	maxResp     int64 // Options.MaxResponseBytes; 0: the default
 }
 
 type envOption func(*envConfig)
@@ -133,6 +134,10 @@ func withPool(f func(p *registry.PoolPolicy)) envOption {
 
 func withConcurrency(n int) envOption {
 	return func(c *envConfig) { c.concurrency = n }
+}
+
+func withMaxResponseBytes(n int64) envOption {
+	return func(c *envConfig) { c.maxResp = n }
 }
 
 func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ...envOption) *env {
@@ -155,7 +160,7 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 	reg.SetTenantsSynced()
 	prom := prometheus.NewRegistry()
 	store := jobs.NewMemStore(fc, 0, 0)
-	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", Store: store, UpstreamConcurrency: cfg.concurrency,
+	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", Store: store, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
 		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) }), Rand: func() float64 { return 0 }})
 	srv := httptest.NewServer(gw)
 	ctx, cancel := context.WithCancel(context.Background())

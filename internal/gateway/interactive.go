@@ -409,10 +409,22 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			// The slice ReadSlice returned is only valid until the next
-			// read: copy it before reading the rest of the line.
+			// read: copy it before reading the rest of the line, at most
+			// up to the event bound.
 			head := append([]byte(nil), line...)
-			rest, err2 := br.ReadBytes('\n')
-			line, err = append(head, rest...), err2
+			for errors.Is(err, bufio.ErrBufferFull) && int64(len(event)+len(head)) <= g.maxResp {
+				line, err = br.ReadSlice('\n')
+				head = append(head, line...)
+			}
+			line = head
+		}
+		if int64(len(event)+len(line)) > g.maxResp {
+			// One event beyond MaxResponseBytes (a provider that sends no
+			// line or event end): the stream is broken off as if the
+			// provider had failed, instead of buffering without bound.
+			event = event[:0]
+			readErr = errStreamEventTooLarge
+			break
 		}
 		event = append(event, line...)
 		if isBlankLine(line) {
@@ -452,6 +464,10 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		panic(http.ErrAbortHandler)
 	}
 }
+
+// errStreamEventTooLarge ends a stream one of whose server-sent events
+// (its lines up to the blank line) exceeds the gateway's MaxResponseBytes.
+var errStreamEventTooLarge = errors.New("a server-sent event from the provider exceeds the response size bound")
 
 // countRequest counts a request's outcome in requests_total, unless its
 // tenant was removed while it ran (ForgetTenant deleted its series).

@@ -1,6 +1,10 @@
 package gateway
 
 import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -52,5 +56,32 @@ func TestNegativeUsageKeepsTheCharge(t *testing.T) {
 		if got := e.tokensLeft("a"); got != 10000-1100 {
 			t.Errorf("usage %v: bucket %d, want %d (the charge of 1100 stands)", u, got, 10000-1100)
 		}
+	}
+}
+
+// TestStreamEventBounded: a provider that sends a server-sent event larger
+// than MaxResponseBytes (here a line that never ends) gets the stream broken
+// off once the bound is passed, as a provider failure: the client has the
+// events before it and then a truncated response, and the gateway does not
+// buffer the rest (it once read the line until the upstream timeout,
+// without bound).
+func TestStreamEventBounded(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		fmt.Fprint(w, "data: "+strings.Repeat("x", 1<<20))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // until the gateway gives up on the call
+	})
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600000), WeightedBurst: i64(10000)})},
+		withMaxResponseBytes(64<<10))
+	resp := e.do("POST", "/v1/completions", "key-a", completionsBody(10, 100, `,"stream":true`))
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Errorf("the stream ended cleanly; want it broken off")
+	}
+	if !bytes.HasPrefix(b, []byte("data: {\"choices\"")) || bytes.Contains(b, []byte("xxxx")) {
+		t.Errorf("client got %.80q (%d bytes); want the first event and none of the oversized one", b, len(b))
 	}
 }
