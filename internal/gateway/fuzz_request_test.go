@@ -57,6 +57,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"gpt-test","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":10,"n":3,"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"model":"gpt-test","prompt":[1,2,3],"max_completion_tokens":5,"max_tokens":7}`,
+		`{"model":"gpt-test","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[ {"type":"function","function":{"name":"f"}} ]}`,
 		`{"model":"gpt-test","prompt":[[1,2],[3]],"max_tokens":0}`,
 		`{"model":"gpt-test","input":["a","b"]}`,
 		`{"model":"gpt-test","messages":[{"role":"user","content":"x"}],"max_tokens":1099511627776,"n":1}`,
@@ -140,8 +141,10 @@ func FuzzParseRequest(f *testing.F) {
 			if err := json.Unmarshal(body, &fields); err != nil || json.Unmarshal(fields["messages"], &msgs) != nil {
 				t.Fatalf("accepted messages do not decode: %v", err)
 			}
-			if n, err := tokencount.Chat(msgs); err != nil || n != req.promptTokens {
-				t.Fatalf("prompt %d, tokencount.Chat %d (%v)", req.promptTokens, n, err)
+			n, err := tokencount.Chat(msgs)
+			defs, derr := tokencount.Tools(fields["tools"], fields["functions"])
+			if err != nil || derr != nil || n+defs != req.promptTokens {
+				t.Fatalf("prompt %d, tokencount.Chat %d + Tools %d (%v, %v)", req.promptTokens, n, defs, err, derr)
 			}
 		}
 		again, aerr := parseRequest(endpoint, bytes.Clone(body), pool, pc)
@@ -263,6 +266,7 @@ func FuzzDecodeRequestFields(f *testing.F) {
 		`{"stream":true,"stream_options":{"include_usage":true},"prompt":["x"],"input":[1,2]}`,
 		`{"max_completion_tokens" : 7 , "max_tokens":null}`, `null`, `[]`, `{}`, `{"a":`, `{"n":1}x`,
 		`{"\u006e":5,"\ud800":1}`, "{\"model\":\"\xff\"}",
+		`{"tools":[{"type":"function","function":{"name":"f"}}],"functions":null,"Tools":1,"tool\u0073":2}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -290,6 +294,7 @@ func FuzzDecodeRequestFields(f *testing.F) {
 			{"prompt", got.prompt, want.prompt}, {"input", got.input, want.input},
 			{"max_tokens", got.maxTokens, want.maxTokens},
 			{"max_completion_tokens", got.maxCompletionTokens, want.maxCompletionTokens}, {"n", got.n, want.n},
+			{"tools", got.tools, want.tools}, {"functions", got.functions, want.functions},
 		} {
 			if (c.got == nil) != (c.want == nil) || !bytes.Equal(c.got, c.want) {
 				t.Fatalf("%s: %q, map holds %q", c.name, c.got, c.want)
@@ -307,6 +312,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		`{"role":"user","content":"hi"}`, `{"content":"a","Content":"b","CONTENT":null}`,
 		`{"name":"x","name":null}`, `{"name":1}`, `{"NaMe":"y","content":[{"type":"text","text":"t"}]}`,
 		`{"conte\u006et":"e"}`, `{"tool_calls":[{"id":"c","function":{"name":"f"}}],"content":null}`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}],"Tool_Calls":1,"function_call":null}`,
 		`null`, `"s"`, `[]`, `{}`, `{"name":"\u00e9"}`, "{\"\xc5\xbf\":1}", `{ "content" : "x" , "name" : "n" }`,
 	} {
 		f.Add([]byte(s))
@@ -327,6 +333,11 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		if got.Name != want.Name || !bytes.Equal(got.Content, want.Content) || (got.Content == nil) != (want.Content == nil) {
 			t.Fatalf("got %q %q, json.Unmarshal %q %q", got.Name, got.Content, want.Name, want.Content)
+		}
+		for _, c := range [][2]json.RawMessage{{got.ToolCalls, want.ToolCalls}, {got.FunctionCall, want.FunctionCall}} {
+			if !bytes.Equal(c[0], c[1]) || (c[0] == nil) != (c[1] == nil) {
+				t.Fatalf("tool calls %q, json.Unmarshal %q", c[0], c[1])
+			}
 		}
 	})
 }

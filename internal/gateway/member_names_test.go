@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
 // TestPromptMemberNamesExact: admission counts the members the provider
@@ -84,4 +85,57 @@ func TestStreamEventBounded(t *testing.T) {
 	if !bytes.HasPrefix(b, []byte("data: {\"choices\"")) || bytes.Contains(b, []byte("xxxx")) {
 		t.Errorf("client got %.80q (%d bytes); want the first event and none of the oversized one", b, len(b))
 	}
+}
+
+// TestToolTokensCharged: tool definitions (tools, legacy functions) and the
+// tool calls of assistant messages are prompt tokens, counted by their
+// compact JSON text (tokencount.JSONText): a call is charged for them, and
+// one whose tools alone exceed the tenant's burst is refused with 413
+// before any call (they were once not counted at all: 10,000 tokens of
+// tool definitions were charged as 12).
+func TestToolTokensCharged(t *testing.T) {
+	huge := strings.Repeat("hello world ", 5000)
+	user := `{"role":"user","content":"hi"}`
+	for name, body := range map[string]string{
+		"tools":      `"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","description":"` + huge + `"}}]`,
+		"functions":  `"messages":[` + user + `],"functions":[{"name":"f","description":"` + huge + `"}]`,
+		"tool_calls": `"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"` + huge + `"}}]},` + user + `]`,
+	} {
+		t.Run("refused/"+name, func(t *testing.T) {
+			up := newUpstream(t, okJSON(5, 5))
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600), WeightedBurst: i64(100)})})
+			resp := e.do("POST", "/v1/chat/completions", "key-a", `{"model":"`+testModel+`","max_tokens":5,`+body+`}`)
+			if st, code := errorCode(t, resp); st != 413 || code != codeRequestTooLarge {
+				t.Errorf("got %d %s, want 413 %s", st, code, codeRequestTooLarge)
+			}
+			if up.calls.Load() != 0 {
+				t.Errorf("upstream calls %d, want 0", up.calls.Load())
+			}
+		})
+	}
+	t.Run("charged", func(t *testing.T) {
+		// No usage in the answer: the charge stands and can be read off the bucket.
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[]}`)
+		})
+		e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600), WeightedBurst: i64(100000)})})
+		tools := `[ {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}} ]`
+		calls := `[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]`
+		msgs := `[{"role":"assistant","content":null,"tool_calls":` + calls + `},{"role":"user","content":"hi"}]`
+		resp := e.do("POST", "/v1/chat/completions", "key-a", `{"model":"`+testModel+`","max_tokens":5,"messages":`+msgs+`,"tools":`+tools+`}`)
+		resp.Body.Close()
+		toolText := `[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]` // compact
+		toolTokens, _ := tokencount.Text(toolText)
+		callTokens, _ := tokencount.Text(calls)
+		hi, _ := tokencount.Text("hi")
+		prompt := tokencount.ReplyPrimingTokens + 2*tokencount.MessageOverheadTokens + hi + callTokens + toolTokens
+		if got, want := 100000-e.tokensLeft("a"), prompt+5; resp.StatusCode != 200 || got != want {
+			t.Errorf("status %d, charged %d; want 200, %d (prompt %d with tools %d and calls %d, + max_tokens 5)",
+				resp.StatusCode, got, want, prompt, toolTokens, callTokens)
+		}
+		if toolTokens < 10 || callTokens < 10 {
+			t.Errorf("tool tokens %d, call tokens %d: the texts were not counted", toolTokens, callTokens)
+		}
+	})
 }

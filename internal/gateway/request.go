@@ -57,6 +57,7 @@ type request struct {
 type requestFields struct {
 	model, stream, streamOptions, messages, prompt, input json.RawMessage
 	maxTokens, maxCompletionTokens, n                     json.RawMessage
+	tools, functions                                      json.RawMessage
 }
 
 // set records value as the member named key (unescaped); other names are
@@ -81,6 +82,10 @@ func (f *requestFields) set(key string, value json.RawMessage) {
 		f.maxCompletionTokens = value
 	case "n":
 		f.n = value
+	case "tools":
+		f.tools = value
+	case "functions":
+		f.functions = value
 	}
 }
 
@@ -90,7 +95,8 @@ func (f *requestFields) set(key string, value json.RawMessage) {
 // before requestKeyName.
 func requestKeyCandidate(k []byte) bool {
 	switch string(k) {
-	case "model", "stream", "stream_options", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n":
+	case "model", "stream", "stream_options", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n",
+		"tools", "functions":
 		return true
 	}
 	return bytes.IndexByte(k, '\\') >= 0
@@ -283,6 +289,16 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 	switch endpoint {
 	case endpointChat:
 		req.promptTokens, err = chatPromptTokens(f.messages, pc)
+		if err == nil {
+			// Tool definitions are prompt tokens too (tokencount.Tools).
+			for _, defs := range [...]json.RawMessage{f.tools, f.functions} {
+				var n int64
+				if n, err = pc.text(tokencount.JSONText(defs)); err != nil {
+					break
+				}
+				req.promptTokens += n
+			}
+		}
 	case endpointCompletions:
 		req.promptTokens, err = inputTokens(f.prompt, pc)
 	case endpointEmbeddings:
@@ -488,6 +504,14 @@ func chatPromptTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 				}
 			}
 		}
+		for _, calls := range [...]json.RawMessage{m.ToolCalls, m.FunctionCall} {
+			if err == nil && calls != nil {
+				var n int64
+				if n, err = pc.text(tokencount.JSONText(calls)); err == nil {
+					total += n
+				}
+			}
+		}
 		if err != nil {
 			return 0, fmt.Errorf("messages[%d].content: %w", count, err)
 		}
@@ -508,7 +532,7 @@ func chatPromptTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 // (tokencount.Message.UnmarshalJSON: exact member names, as the providers
 // read them). An object whose keys are plain ASCII and whose "name", if any,
 // is a plain string or null is read member by member: a key equal to
-// "content" or "name" sets that field (the last of duplicates wins; a null
+// "content", "tool_calls", "function_call" or "name" sets that field (the last of duplicates wins; a null
 // name is no name); the other members are skipped. Anything else (a
 // key with an escape, which may unescape to a field name, or a non-ASCII
 // byte; a name of another type; a value that is not an object) is left to
@@ -531,6 +555,10 @@ func decodeMessagePlain(raw []byte, m *tokencount.Message) bool {
 		switch {
 		case string(key) == "content":
 			m.Content = json.RawMessage(value)
+		case string(key) == "tool_calls":
+			m.ToolCalls = json.RawMessage(value)
+		case string(key) == "function_call":
+			m.FunctionCall = json.RawMessage(value)
 		case string(key) == "name":
 			m.Name = ""
 			if !bytes.Equal(value, []byte("null")) {

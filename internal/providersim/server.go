@@ -484,8 +484,10 @@ type chatRequest struct {
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	MaxTokens           *int64 `json:"max_tokens"`
-	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	Tools               json.RawMessage `json:"tools,omitempty"`
+	Functions           json.RawMessage `json:"functions,omitempty"`
 }
 
 // quota is a snapshot of the described meters for the rate-limit headers.
@@ -727,7 +729,7 @@ func parseChat(r *http.Request) (chatRequest, int64, error) {
 			return req, 0, fmt.Errorf("Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", f.name, *f.v)
 		}
 	}
-	prompt, err := promptTokens(req.Messages)
+	prompt, err := promptTokens(req.Messages, req.Tools, req.Functions)
 	if err != nil {
 		return req, 0, fmt.Errorf("Invalid %v", err)
 	}

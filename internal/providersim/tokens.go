@@ -10,21 +10,30 @@ import (
 // chatMessage is the part of an OpenAI chat message the simulator reads.
 // Content is either a string or an array of content parts.
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Name    string          `json:"name,omitempty"`
-	Content json.RawMessage `json:"content"`
+	Role         string          `json:"role"`
+	Name         string          `json:"name,omitempty"`
+	Content      json.RawMessage `json:"content"`
+	ToolCalls    json.RawMessage `json:"tool_calls,omitempty"`
+	FunctionCall json.RawMessage `json:"function_call,omitempty"`
 }
 
-// promptTokens returns the prompt tokens of a chat request's messages, counted
-// as the gateway counts them (package tokencount: cl100k_base and OpenAI's
-// per-message overheads). It returns an error for content that is neither a
-// string, an array of parts nor null.
-func promptTokens(msgs []chatMessage) (int64, error) {
+// promptTokens returns the prompt tokens of a chat request's messages and
+// tool definitions (tools, functions: raw JSON or nil), counted as the
+// gateway counts them (package tokencount: cl100k_base, OpenAI's
+// per-message overheads, tool calls and definitions by their JSON text).
+// It returns an error for content that is neither a string, an array of
+// parts nor null.
+func promptTokens(msgs []chatMessage, tools ...json.RawMessage) (int64, error) {
 	tm := make([]tokencount.Message, len(msgs))
 	for i, m := range msgs {
-		tm[i] = tokencount.Message{Name: m.Name, Content: m.Content}
+		tm[i] = tokencount.Message{Name: m.Name, Content: m.Content, ToolCalls: m.ToolCalls, FunctionCall: m.FunctionCall}
 	}
-	return tokencount.Chat(tm)
+	n, err := tokencount.Chat(tm)
+	if err != nil {
+		return 0, err
+	}
+	defs, err := tokencount.Tools(tools...)
+	return n + defs, err
 }
 
 // countText returns the number of cl100k_base tokens in s.

@@ -67,15 +67,21 @@ func Text(s string) (int64, error) {
 type Message struct {
 	Name    string          `json:"name,omitempty"`
 	Content json.RawMessage `json:"content"`
+	// ToolCalls and FunctionCall are an assistant message's "tool_calls" and
+	// legacy "function_call", as raw JSON (nil when absent): calls the
+	// model made, sent back in the conversation, which the provider bills as
+	// prompt tokens (counted by their JSON text, see JSONText).
+	ToolCalls    json.RawMessage `json:"tool_calls,omitempty"`
+	FunctionCall json.RawMessage `json:"function_call,omitempty"`
 }
 
 // UnmarshalJSON decodes a chat message as the providers' APIs read it, with
-// exact, case-sensitive member names: "content" is kept as its raw JSON
-// value, "name" must be a string or null (no name), the last of duplicate
+// exact, case-sensitive member names: "content", "tool_calls" and
+// "function_call" are kept as their raw JSON values, "name" must be a
+// string or null (no name), the last of duplicate
 // members wins (as in the providers' JSON decoders) and every other member
-// is ignored. JSON
-// null leaves m as it is; any other value that is not an object is an
-// error. encoding/json's own struct decoding would also take "Content" or
+// is ignored. JSON null leaves m as it is; any other value that is not an
+// object is an error. encoding/json's own struct decoding would also take "Content" or
 // "NAME", so that a message carrying a long "content" and a short
 // "Content" would be counted by the short one while the provider reads the
 // long one.
@@ -86,6 +92,12 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	}
 	if c, ok := members["content"]; ok {
 		m.Content = c
+	}
+	if c, ok := members["tool_calls"]; ok {
+		m.ToolCalls = c
+	}
+	if c, ok := members["function_call"]; ok {
+		m.FunctionCall = c
 	}
 	if n, ok := members["name"]; ok {
 		m.Name = ""
@@ -98,11 +110,46 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// JSONText is the text that stands for a JSON value in a prompt estimate:
+// the value in compact form (insignificant whitespace removed, RFC 8259
+// section 2), or "" for an absent or null value. Tool definitions and tool
+// calls reach the model in a rendering of their own, which providers do not
+// publish; the tokens of their JSON text are an estimate of the same order,
+// corrected by the provider's usage when the call ends (brief "cost
+// model"). An invalid value is returned as it is.
+func JSONText(raw json.RawMessage) string {
+	if len(raw) == 0 || isNull(raw) {
+		return ""
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// Tools returns the prompt tokens of a chat request's tool definitions
+// ("tools", or the legacy "functions"), each raw JSON or nil: the
+// cl100k_base tokens of their JSON text (JSONText). It fails only if the
+// embedded vocabulary cannot be loaded.
+func Tools(defs ...json.RawMessage) (int64, error) {
+	var total int64
+	for _, d := range defs {
+		n, err := Text(JSONText(d))
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
 // isNull reports whether raw is the JSON literal null.
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
-// Chat returns the prompt tokens of chat messages: content tokens plus the
-// fixed overheads above. It returns an error naming the message whose content
+// Chat returns the prompt tokens of chat messages: content tokens, the
+// tokens of each message's tool_calls and function_call JSON text (Tools),
+// plus the fixed overheads above. It returns an error naming the message whose content
 // is neither a string, an array of content parts, nor null.
 func Chat(msgs []Message) (int64, error) {
 	total := int64(ReplyPrimingTokens)
@@ -119,6 +166,11 @@ func Chat(msgs []Message) (int64, error) {
 		if m.Name != "" {
 			total += NameOverheadTokens
 		}
+		calls, err := Tools(m.ToolCalls, m.FunctionCall)
+		if err != nil {
+			return 0, fmt.Errorf("messages[%d].tool_calls: %w", i, err)
+		}
+		total += calls
 	}
 	return total, nil
 }
