@@ -205,6 +205,11 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 	}
 	req, aerr := parseRequest(sr.Endpoint, sr.Body, pool, g.promptCounter(t))
 	if aerr != nil {
+		if aerr.param != "" {
+			// The parameter is a member of the job's body, named from the
+			// submission as body.stream is.
+			aerr.param = "body." + aerr.param
+		}
 		return jobs.Job{}, aerr
 	}
 	if req.stream {

@@ -37,6 +37,9 @@ func TestErrorParam(t *testing.T) {
 		{"job metadata not an object", "POST", "/v1/jobs", `{"body":` + chat + `,"metadata":[1]}`, codeInvalidRequest, "metadata"},
 		{"job without body", "POST", "/v1/jobs", `{"endpoint":"/v1/chat/completions"}`, codeInvalidRequest, "body"},
 		{"job streaming", "POST", "/v1/jobs", `{"body":{"model":"` + testModel + `","stream":true,"messages":` + chatPrompt + `}}`, codeStreamNotSupported, "body.stream"},
+		{"job body max_tokens negative", "POST", "/v1/jobs", `{"body":{"model":"` + testModel + `","max_tokens":-1,"messages":` + chatPrompt + `}}`, codeInvalidRequest, "body.max_tokens"},
+		{"job body model unknown", "POST", "/v1/jobs", `{"body":{"model":"nope","messages":` + chatPrompt + `}}`, codeModelNotFound, "body.model"},
+		{"job body messages missing", "POST", "/v1/jobs", `{"body":{"model":"` + testModel + `"}}`, codeInvalidRequest, "body.messages"},
 		{"list status unknown", "GET", "/v1/jobs?status=done", "", codeInvalidRequest, "status"},
 		{"list limit zero", "GET", "/v1/jobs?limit=0", "", codeInvalidRequest, "limit"},
 	} {
