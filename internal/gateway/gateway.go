@@ -313,11 +313,31 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = sw.rc.SetWriteDeadline(time.Time{})
 	defer sw.arm() // bounds the server's final flush after the handler
 	if _, pattern := g.mux.Handler(r); pattern == "" {
+		if allow := g.allowedMethods(r); allow != "" {
+			sw.Header().Set("Allow", allow)
+			writeError(sw, &apiError{status: http.StatusMethodNotAllowed, typ: typeInvalidRequest, code: codeMethodNotAllowed,
+				message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + allow + "."})
+			return
+		}
 		writeError(sw, &apiError{status: http.StatusNotFound, typ: typeNotFound, code: "not_found",
 			message: "Unknown path " + r.URL.Path + "."})
 		return
 	}
 	g.mux.ServeHTTP(sw, r)
+}
+
+// allowedMethods returns the methods the routes serve for r's path, as an
+// Allow header value ("POST", "GET, DELETE"), or "" when no route has the
+// path (RFC 9110 section 15.5.6: a 405 lists them in Allow).
+func (g *Gateway) allowedMethods(r *http.Request) string {
+	var allow []string
+	for _, m := range [...]string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := g.mux.Handler(probe); pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	return strings.Join(allow, ", ")
 }
 
 // stallWriter bounds each write and flush of a response with a write

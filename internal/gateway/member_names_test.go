@@ -139,3 +139,26 @@ func TestToolTokensCharged(t *testing.T) {
 		}
 	})
 }
+
+// TestMethodNotAllowed: a known path with another method is 405
+// method_not_allowed with the route's methods in Allow (RFC 9110 section
+// 15.5.6); an unknown path stays 404 (both were once 404 "Unknown path").
+func TestMethodNotAllowed(t *testing.T) {
+	e := newEnv(t, newUpstream(t, okJSON(5, 5)), []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	for _, c := range []struct {
+		method, path, allow string
+		status              int
+		code                string
+	}{
+		{"GET", "/v1/chat/completions", "POST", 405, codeMethodNotAllowed},
+		{"PUT", "/v1/jobs/job-1", "GET, DELETE", 405, codeMethodNotAllowed},
+		{"DELETE", "/v1/jobs", "GET, POST", 405, codeMethodNotAllowed},
+		{"GET", "/v1/nope", "", 404, "not_found"},
+	} {
+		resp := e.do(c.method, c.path, "key-a", "")
+		allow := resp.Header.Get("Allow")
+		if st, code := errorCode(t, resp); st != c.status || code != c.code || allow != c.allow {
+			t.Errorf("%s %s: %d %s Allow %q; want %d %s Allow %q", c.method, c.path, st, code, allow, c.status, c.code, c.allow)
+		}
+	}
+}
