@@ -302,7 +302,13 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 	case endpointCompletions:
 		req.promptTokens, err = inputTokens(f.prompt, pc)
 	case endpointEmbeddings:
-		req.promptTokens, err = inputTokens(f.input, pc)
+		if f.input == nil || isJSONNull(f.input) {
+			// Required by the embeddings API: without it the provider
+			// refuses the call, so it is refused here, before admission.
+			err = errors.New("the request needs \"input\"")
+		} else {
+			req.promptTokens, err = inputTokens(f.input, pc)
+		}
 	}
 	if err != nil {
 		return nil, badParam(codeInvalidRequest, promptParam(endpoint), err.Error())
@@ -491,8 +497,8 @@ func chatPromptTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 	for i < len(raw) && raw[i] != ']' {
 		end := nextJSONValue(raw, i)
 		var m tokencount.Message
-		if err := decodeMessage(raw[i:end], &m); err != nil {
-			return 0, errShape
+		if raw[i] != '{' || decodeMessage(raw[i:end], &m) != nil {
+			return 0, errShape // null and other non-objects included: the provider refuses them
 		}
 		text, err := tokencount.ContentText(m.Content)
 		if err == nil {
