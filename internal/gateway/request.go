@@ -292,6 +292,9 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 		if err == nil {
 			// Tool definitions are prompt tokens too (tokencount.Tools).
 			for _, defs := range [...]json.RawMessage{f.tools, f.functions} {
+				if defs == nil {
+					continue
+				}
 				var n int64
 				if n, err = pc.text(tokencount.JSONText(defs)); err != nil {
 					break
@@ -429,7 +432,7 @@ func (pc promptCounter) text(s string) (int64, error) {
 // (raw is a value of a body scanJSON has validated), anything else is left
 // to json.Unmarshal.
 func decodeField(raw json.RawMessage, v any) error {
-	if raw == nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+	if raw == nil || isJSONNull(raw) {
 		return nil
 	}
 	switch p := v.(type) {
