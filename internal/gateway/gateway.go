@@ -327,7 +327,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // allowedMethods returns the methods the routes serve for r's path, as an
-// Allow header value ("POST", "GET, DELETE"), or "" when no route has the
+// Allow header value ("POST", "GET, HEAD, DELETE"), or "" when no route has the
 // path (RFC 9110 section 15.5.6: a 405 lists them in Allow).
 func (g *Gateway) allowedMethods(r *http.Request) string {
 	var allow []string
@@ -335,6 +335,9 @@ func (g *Gateway) allowedMethods(r *http.Request) string {
 		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
 		if _, pattern := g.mux.Handler(probe); pattern != "" {
 			allow = append(allow, m)
+			if m == http.MethodGet {
+				allow = append(allow, http.MethodHead) // served by the GET routes
+			}
 		}
 	}
 	return strings.Join(allow, ", ")

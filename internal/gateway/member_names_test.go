@@ -151,8 +151,8 @@ func TestMethodNotAllowed(t *testing.T) {
 		code                string
 	}{
 		{"GET", "/v1/chat/completions", "POST", 405, codeMethodNotAllowed},
-		{"PUT", "/v1/jobs/job-1", "GET, DELETE", 405, codeMethodNotAllowed},
-		{"DELETE", "/v1/jobs", "GET, POST", 405, codeMethodNotAllowed},
+		{"PUT", "/v1/jobs/job-1", "GET, HEAD, DELETE", 405, codeMethodNotAllowed},
+		{"DELETE", "/v1/jobs", "GET, HEAD, POST", 405, codeMethodNotAllowed},
 		{"GET", "/v1/nope", "", 404, "not_found"},
 	} {
 		resp := e.do(c.method, c.path, "key-a", "")

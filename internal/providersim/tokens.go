@@ -1,7 +1,9 @@
 package providersim
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -15,6 +17,29 @@ type chatMessage struct {
 	Content      json.RawMessage `json:"content"`
 	ToolCalls    json.RawMessage `json:"tool_calls,omitempty"`
 	FunctionCall json.RawMessage `json:"function_call,omitempty"`
+}
+
+// UnmarshalJSON reads a message as the providers and the gateway read it
+// (tokencount.Message.UnmarshalJSON: exact member names, so "Content" is
+// not "content"); a message that is not an object, null included, is an
+// error, as the providers refuse it.
+func (m *chatMessage) UnmarshalJSON(data []byte) error {
+	if b := bytes.TrimSpace(data); len(b) == 0 || b[0] != '{' {
+		return errors.New("each message must be an object")
+	}
+	var tm tokencount.Message
+	if err := json.Unmarshal(data, &tm); err != nil {
+		return err
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(data, &members); err != nil {
+		return err
+	}
+	if r, ok := members["role"]; ok {
+		_ = json.Unmarshal(r, &m.Role) // a role of another type is left empty
+	}
+	m.Name, m.Content, m.ToolCalls, m.FunctionCall = tm.Name, tm.Content, tm.ToolCalls, tm.FunctionCall
+	return nil
 }
 
 // promptTokens returns the prompt tokens of a chat request's messages and

@@ -197,3 +197,19 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestMessageMemberNamesExact: the simulator reads a message's members by
+// their exact names, as the providers and the gateway do, and refuses a
+// message that is not an object.
+func TestMessageMemberNamesExact(t *testing.T) {
+	var req chatRequest
+	if err := json.Unmarshal([]byte(`{"messages":[{"role":"user","content":"a long text here","Content":"hi"}]}`), &req); err != nil {
+		t.Fatal(err)
+	}
+	if string(req.Messages[0].Content) != `"a long text here"` || req.Messages[0].Role != "user" {
+		t.Errorf("message %+v, want the exact content and role", req.Messages[0])
+	}
+	if err := json.Unmarshal([]byte(`{"messages":[null]}`), &req); err == nil {
+		t.Error("a null message was accepted")
+	}
+}
