@@ -540,7 +540,9 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		u := parseBodyUsage(body)
 		c.settle(settleUsage, u)
 		var usage *jobs.Usage
-		if u.Known {
+		// A negative count is malformed: the charge stands (settle), and
+		// the job records no usage rather than the provider's figures.
+		if u.Known && u.Valid() {
 			usage = &jobs.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.OutputTokens}
 		}
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusSucceeded, jobs.Error{}, jsonOrNil(body), usage)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
@@ -44,7 +45,8 @@ func TestPromptMemberNamesExact(t *testing.T) {
 // TestNegativeUsageKeepsTheCharge: a 200 whose usage has a negative count
 // is settled as unknown usage: the charge (prompt 100 + max_tokens 1000)
 // stands instead of a refund of everything (the counts were once clamped to
-// zero tokens used).
+// zero tokens used). A job answered so records no usage (its record once
+// showed the provider's negative count while the charge stood).
 func TestNegativeUsageKeepsTheCharge(t *testing.T) {
 	for _, u := range [][2]int64{{-5, 10}, {100, -1}} {
 		up := newUpstream(t, okJSON(u[0], u[1]))
@@ -56,6 +58,14 @@ func TestNegativeUsageKeepsTheCharge(t *testing.T) {
 		}
 		if got := e.tokensLeft("a"); got != 10000-1100 {
 			t.Errorf("usage %v: bucket %d, want %d (the charge of 1100 stands)", u, got, 10000-1100)
+		}
+		id := e.submit("key-a", jobBody(100, 1000, "")).ID
+		waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+		if j := e.job("key-a", id); j.Usage != nil || !strings.Contains(string(j.Response), `"usage"`) {
+			t.Errorf("usage %v: job usage %+v, want none (the response %s is kept as sent)", u, j.Usage, j.Response)
+		}
+		if got := e.tokensLeft("a"); got != 10000-2*1100 {
+			t.Errorf("usage %v: bucket %d after the job, want %d (its charge of 1100 stands)", u, got, 10000-2*1100)
 		}
 	}
 }
