@@ -168,6 +168,7 @@ func (s scenario) interval() time.Duration {
 type event struct {
 	at     time.Time
 	status int
+	body   string // the start of a 429's body (the simulator names the short dimension and by how much)
 }
 
 // recorder wraps the simulator's handler and records every chat completion's
@@ -180,6 +181,7 @@ type recorder struct {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	body   []byte // the first bytes of a 429's body
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -192,6 +194,9 @@ func (w *statusWriter) WriteHeader(code int) {
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
+	}
+	if w.status == http.StatusTooManyRequests && len(w.body) < 512 {
+		w.body = append(w.body, b[:min(len(b), 512-len(w.body))]...)
 	}
 	return w.ResponseWriter.Write(b)
 }
@@ -206,7 +211,7 @@ func (r *recorder) wrap(h http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		h.ServeHTTP(sw, req)
 		r.mu.Lock()
-		r.events = append(r.events, event{at, sw.status})
+		r.events = append(r.events, event{at, sw.status, string(sw.body)})
 		r.mu.Unlock()
 	})
 }
@@ -214,11 +219,12 @@ func (r *recorder) wrap(h http.Handler) http.Handler {
 // result is one run's figures.
 type result struct {
 	dialect, client string
-	util            float64 // percent of the quota used in the measurement window
-	throttled       int     // 429s for requests that arrived in the measurement window
-	warmupThrottled int     // 429s before it
-	accepted        int     // requests accepted in the measurement window
-	other           int     // responses neither 200 nor 429 in the window
+	util            float64  // percent of the quota used in the measurement window
+	throttled       int      // 429s for requests that arrived in the measurement window
+	throttledDetail []string // for each of them: its arrival after the window's start and the simulator's message
+	warmupThrottled int      // 429s before it
+	accepted        int      // requests accepted in the measurement window
+	other           int      // responses neither 200 nor 429 in the window
 	from, to        time.Time
 	warmup          time.Duration // from the start to the measurement
 }
@@ -371,6 +377,7 @@ func run(tb testing.TB, s scenario, name string, c client, paced bool, length ti
 			r.accepted++
 		case e.status == http.StatusTooManyRequests:
 			r.throttled++
+			r.throttledDetail = append(r.throttledDetail, fmt.Sprintf("at +%v: %s", e.at.Sub(from).Round(time.Millisecond), e.body))
 		default:
 			r.other++
 		}
@@ -563,7 +570,7 @@ func TestGoodputGateway(t *testing.T) {
 				r := run(t, s, "gateway", gatewayClient, false, 10*time.Second)
 				t.Log(r)
 				if r.throttled != 0 {
-					t.Errorf("%d upstream 429s after the warm-up, want 0", r.throttled)
+					t.Errorf("%d upstream 429s after the warm-up, want 0:\n%s", r.throttled, strings.Join(r.throttledDetail, "\n"))
 				}
 				switch {
 				case s.hidden == 0 && (r.util < 90 || r.util > 105):
