@@ -190,7 +190,7 @@ func (r *TenantQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.TenantQuota{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.TenantQuota{}, handler.EnqueueRequestsFromMapFunc(r.tenantsWithSameKey),
-			builder.WithPredicates(createOrDelete)).
+			builder.WithPredicates(existsOrTerminating)).
 		Watches(&v1alpha1.ProviderPool{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfPool),
 			builder.WithPredicates(poolExistsOrReadyChanged)).
 		Named("tenantquota").
@@ -220,9 +220,14 @@ func (r *TenantQuotaReconciler) listRequests(ctx context.Context, namespace, fie
 	return reqs
 }
 
-// createOrDelete passes only creations and deletions.
-var createOrDelete = predicate.Funcs{
-	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+// existsOrTerminating passes creations, deletions, and the update that
+// marks an object for deletion: a TenantQuota held by a finalizer stops
+// holding its tenant id then (tenantIDHolder skips it), so a duplicate of
+// it must be reconciled at once, not only when the object is finally gone.
+var existsOrTerminating = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+	},
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 

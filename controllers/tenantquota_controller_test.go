@@ -136,3 +136,36 @@ func TestTenantQuotaDuplicateTenantID(t *testing.T) {
 	eventually(t, "second Accepted after the holder is deleted", wantCondition(second, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
 	eventually(t, "second Ready", wantCondition(second, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonPoolReady))
 }
+
+// TestTenantQuotaDuplicateHolderTerminating: a holder of a tenant id that a
+// finalizer keeps in the API after its deletion stops holding the id when
+// it is marked for deletion, and the duplicate is accepted then, not only
+// once the finalizer is gone (the update that sets deletionTimestamp was
+// once filtered out, so the duplicate stayed DuplicateTenantID).
+func TestTenantQuotaDuplicateHolderTerminating(t *testing.T) {
+	requireEnv(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	readyPool(t, ns, "dup")
+	holder := makeTenant(ns, "acme", "dup", "")
+	holder.Finalizers = []string{"example.com/hold"}
+	create(t, holder)
+	eventually(t, "holder Accepted", wantCondition(holder, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+	second := makeTenant(ns, "acme-copy", "dup", "acme")
+	create(t, second)
+	eventually(t, "second DuplicateTenantID", wantCondition(second, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonDuplicateTenantID))
+
+	if err := k8sClient.Delete(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "second Accepted while the holder terminates", wantCondition(second, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+	var cur v1alpha1.TenantQuota
+	get(t, ns, "acme", &cur)
+	if cur.DeletionTimestamp.IsZero() {
+		t.Fatal("the holder is not terminating")
+	}
+	cur.Finalizers = nil
+	if err := k8sClient.Update(ctx, &cur); err != nil {
+		t.Fatal(err)
+	}
+}
