@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -138,6 +140,32 @@ func TestProviderPoolUnrenderableNameIsRefused(t *testing.T) {
 	err := k8sClient.Create(context.Background(), makePool(ns, "1st-pool"))
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "metadata.name of a ProviderPool must be a DNS-1035 label of at most 53 characters") {
 		t.Fatalf("creating pool 1st-pool: got %v, want Invalid naming metadata.name", err)
+	}
+}
+
+// TestProviderPoolLimitBelowRequestIsInvalidSpec: resources whose cpu limit
+// is below its request (which the CRD cannot check: CEL cannot compare the
+// quantities of an unbounded resource map within its cost budget) make the
+// pool Accepted=False InvalidSpec naming the pool's field, with nothing
+// applied, instead of a Deployment the API server refuses on every retry
+// (Ready RenderFailed naming the Deployment's field, as it once was).
+func TestProviderPoolLimitBelowRequestIsInvalidSpec(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "p")
+	pool.Spec.Scheduler.Resources = &corev1.ResourceRequirements{
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")},
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m")},
+	}
+	create(t, pool)
+	eventually(t, "Accepted=False InvalidSpec", wantCondition(pool, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec))
+	want := "spec.scheduler.resources.limits.cpu (100m) is below spec.scheduler.resources.requests.cpu (200m)"
+	if msg := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionAccepted).Message; !strings.Contains(msg, want) {
+		t.Errorf("Accepted message %q, want it to contain %q", msg, want)
+	}
+	var d appsv1.Deployment
+	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "p-scheduler"}, &d); !apierrors.IsNotFound(err) {
+		t.Errorf("Deployment of an invalid pool: got %v, want NotFound", err)
 	}
 }
 

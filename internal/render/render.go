@@ -27,6 +27,7 @@ package render
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -362,6 +363,18 @@ func validate(pool *v1alpha1.ProviderPool, opts Options) error {
 	}
 	if opts.SchedulerClusterRole == "" {
 		errs = append(errs, errors.New("the operator has no scheduler ClusterRole to bind"))
+	}
+	if r := pool.Spec.Scheduler.Resources; r != nil {
+		// The API server refuses such a Pod template (a limit below its
+		// request); CEL cannot compare the quantities of an unbounded
+		// resource map within its cost budget, so it is checked here.
+		for _, k := range slices.Sorted(maps.Keys(r.Requests)) {
+			if lim, ok := r.Limits[k]; ok && lim.Cmp(r.Requests[k]) < 0 {
+				req := r.Requests[k]
+				errs = append(errs, fmt.Errorf("spec.scheduler.resources.limits.%s (%s) is below spec.scheduler.resources.requests.%s (%s): a limit must be at least its request",
+					k, lim.String(), k, req.String()))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

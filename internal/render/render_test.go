@@ -385,6 +385,22 @@ func TestRenderErrors(t *testing.T) {
 			t.Errorf("Render: %v", err)
 		}
 	})
+	t.Run("limit below its request", func(t *testing.T) {
+		pool := defaultPool()
+		pool.Spec.Scheduler.Resources = &corev1.ResourceRequirements{
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("1024Mi")},
+		}
+		_, err := Render(pool, testOptions)
+		want := "pool cannot be rendered: spec.scheduler.resources.limits.cpu (100m) is below spec.scheduler.resources.requests.cpu (200m): a limit must be at least its request"
+		if !errors.Is(err, ErrInvalidPool) || err.Error() != want {
+			t.Errorf("Render error = %v, want %q", err, want)
+		}
+		pool.Spec.Scheduler.Resources.Limits[corev1.ResourceCPU] = resource.MustParse("0.2")
+		if _, err := Render(pool, testOptions); err != nil {
+			t.Errorf("limits equal to requests in other units: %v", err)
+		}
+	})
 	t.Run("spec image without default", func(t *testing.T) {
 		pool := defaultPool()
 		pool.Spec.Scheduler.Image = "img:1"
