@@ -42,17 +42,23 @@ const (
 
 // SecretKeyRef selects one key of a Secret in the object's own namespace.
 type SecretKeyRef struct {
-	// name is the Secret's name, in the same namespace as the referring object.
+	// name is the Secret's name, in the same namespace as the referring
+	// object: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')
+	// of at most 253 characters, as every Secret name is.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name"`
 
-	// key is the data key in the Secret that holds the value. Defaults to "api-key".
+	// key is the data key in the Secret that holds the value: letters,
+	// digits, '-', '_' and '.', as every Secret data key is. Defaults to
+	// "api-key".
 	// +optional
 	// +kubebuilder:default=api-key
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
 	Key string `json:"key,omitempty"`
 }
 
@@ -62,7 +68,9 @@ type UpstreamSpec struct {
 	// https:// URL with a host, at most 2048 characters, without the
 	// `/v1/...` path, for example `https://api.openai.com`. The scheduler
 	// appends `/v1/chat/completions` and the like itself, so a URL whose path
-	// ends in `/v1` or `/v1/` (`https://api.openai.com/v1`) is refused, and
+	// ends in `/v1`, with or without trailing slashes
+	// (`https://api.openai.com/v1`, `.../v1/`), is refused, and so is a space
+	// (percent-encode it as `%20`), and
 	// so are a query (`?...`) and a fragment (`#...`), which would end up
 	// before the appended path, and
 	// credentials in the URL (`user:password@`), which belong in
@@ -73,7 +81,8 @@ type UpstreamSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(?i:https?)://')",message="spec.upstream.baseURL must start with http:// or https://"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || isURL(self)",message="spec.upstream.baseURL must be a valid URL, for example https://api.openai.com"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || url(self).getHostname() != ''",message="spec.upstream.baseURL must have a host, for example https://api.openai.com"
-	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !(url(self).getEscapedPath().endsWith('/v1') || url(self).getEscapedPath().endsWith('/v1/'))",message="spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/... (for example /v1/chat/completions) itself, so use https://api.openai.com, not https://api.openai.com/v1"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !self.contains(' ')",message="spec.upstream.baseURL must not contain a space: percent-encode it (%20)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !self.matches('^(?i:https?)://[^/]+/(.*/)?v1/*$')",message="spec.upstream.baseURL must not end in /v1: the scheduler appends /v1/... (for example /v1/chat/completions) itself, so use https://api.openai.com, not https://api.openai.com/v1"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://') || !isURL(self) || !self.contains('#')",message="spec.upstream.baseURL must not have a fragment (#...): the scheduler appends the API path (/v1/chat/completions) to the URL, so a fragment would end up before it"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('?')",message="spec.upstream.baseURL must not have a query (?...): the scheduler appends the API path (/v1/chat/completions) to the URL, so a query would end up before it"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(?i:https?)://[^/?#]*@')",message="spec.upstream.baseURL must not carry credentials (user:password@): put the provider's key in the Secret of spec.upstream.credentialsSecretRef"
@@ -284,7 +293,8 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:MaxLength=512
 	Image string `json:"image,omitempty"`
 
-	// resources of the scheduler container.
+	// resources of the scheduler container. A cpu or memory limit below its
+	// request is refused (the Deployment's Pods would be).
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 

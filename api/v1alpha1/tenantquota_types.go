@@ -48,10 +48,13 @@ const (
 
 // PoolRef names a ProviderPool in the TenantQuota's own namespace.
 type PoolRef struct {
-	// name of the ProviderPool.
+	// name of the ProviderPool: a DNS-1035 label of at most 53 characters,
+	// as every ProviderPool name is (a name no pool can have is refused
+	// rather than left waiting for a pool that cannot exist).
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:MaxLength=53
+	// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
 	Name string `json:"name"`
 }
 
@@ -213,7 +216,7 @@ type TenantQuotaSpec struct {
 	// tier like any other. It changes no limit.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$`
 	Tier string `json:"tier,omitempty"`
 
 	// tokens are the tenant's token rates.
@@ -225,9 +228,10 @@ type TenantQuotaSpec struct {
 	Requests *RequestLimits `json:"requests,omitempty"`
 
 	// maxConcurrentRequests bounds the tenant's upstream calls in flight
-	// (interactive and batch). Unset is unlimited.
+	// (interactive and batch), at most 1,000,000. Unset is unlimited.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
 	MaxConcurrentRequests *int32 `json:"maxConcurrentRequests,omitempty"`
 
 	// maxKVBlocks bounds the KV-cache blocks the tenant's in-flight calls hold

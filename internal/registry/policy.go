@@ -113,7 +113,9 @@ func (p *PoolPolicy) Validate() error {
 		return fmt.Errorf("baseURL: %q carries credentials (user:password@); the provider's key belongs in the credentials Secret", u.Redacted())
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return fmt.Errorf("baseURL: %q has a query or fragment, which would end up before the /v1/... path appended to it", p.BaseURL)
-	case strings.HasSuffix(u.EscapedPath(), "/v1") || strings.HasSuffix(u.EscapedPath(), "/v1/"):
+	case strings.HasSuffix(strings.TrimRight(u.EscapedPath(), "/"), "/v1"):
+		// Every trailing slash: the gateway trims them all before it
+		// appends the path (Gateway.newUpstreamRequest), so /v1// is /v1 too.
 		return fmt.Errorf("baseURL: %q ends in /v1, which the gateway appends itself", p.BaseURL)
 	}
 	if len(p.Models) == 0 {
