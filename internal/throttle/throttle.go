@@ -634,6 +634,8 @@ type Throttle struct {
 	cfg             Config
 	seq             uint64
 	lastAt          time.Time // latest start time recorded (keeps logs ordered)
+	// latest is the latest time any caller has passed in (see tick).
+	latest time.Time
 	dims            [numDims]dimension
 	pausedUntil     time.Time
 	lastInteractive time.Time
@@ -699,6 +701,7 @@ func (t *Throttle) Reconfigure(now time.Time, cfg Config) {
 	cfg = cfg.normalized()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	if !strings.EqualFold(cfg.Dialect, t.cfg.Dialect) {
 		// Even pacing was learnt from the old dialect's 429s (Azure
 		// sub-windows): a new dialect starts without it.
@@ -772,6 +775,7 @@ func (t *Throttle) TryStartCost(now time.Time, c Cost, p Priority) (Permit, bool
 func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permit, bool, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	providerTokens := costs[dimTokens]
 	if p == Interactive && now.After(t.lastInteractive) {
 		t.lastInteractive = now
@@ -853,6 +857,27 @@ func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permi
 	return Permit{seq: t.seq, tokens: providerTokens, at: at}, true, 0
 }
 
+// tick returns the time to evaluate the throttle at: now, or the latest
+// time a caller has passed in when that is later, which it then records.
+// Callers read their clock before they take t.mu: one that waited for the
+// lock (or was descheduled on a busy machine) while others recorded
+// figures and starts at later instants would otherwise evaluate the quota
+// in the past, where a fixed window's previous figure still holds. Such a
+// start was recorded before the window boundary it actually crossed and
+// escaped the new window's count (limit minus the starts since the
+// window's start): the provider then refused the calls above its limit.
+// Every instant a caller passed in has already happened, so the latest of
+// them is never after the present. Callers' clocks must not go backwards
+// by more than they tolerate being ignored: k8s.io/utils/clock's real and
+// fake clocks do not.
+func (t *Throttle) tick(now time.Time) time.Time {
+	if now.Before(t.latest) {
+		return t.latest
+	}
+	t.latest = now
+	return now
+}
+
 // advanceFloor moves floorSeq past the calls that have answered or started
 // more than Window before now, and returns it: the floor of a call starting
 // now (see entry.floor). Amortised O(1): each entry is passed once.
@@ -892,6 +917,7 @@ func (t *Throttle) answered(p Permit) {
 func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	t.endProbe(p)
 	if q.Dialect != "" && quotaKnown(q) {
 		t.dialect = q.Dialect
@@ -921,6 +947,7 @@ func (t *Throttle) Observe(now time.Time, p Permit, q Quota) {
 func (t *Throttle) OnTooManyRequests(now time.Time, p Permit, q Quota) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	t.endProbe(p)
 	if q.Dialect != "" && quotaKnown(q) {
 		t.dialect = q.Dialect
@@ -994,6 +1021,7 @@ func (t *Throttle) DoneTokens(now time.Time, p Permit, promptTokens, outputToken
 func (t *Throttle) done(now time.Time, p Permit, actual [numDims]int64, capOnly, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	t.endProbe(p)
 	if p.seq == 0 {
 		return
@@ -1063,6 +1091,7 @@ func floorCount(level float64) int64 {
 func (t *Throttle) Status(now time.Time) Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now = t.tick(now)
 	s := Status{PausedUntil: t.pausedUntil, Paused: now.Before(t.pausedUntil), Dialect: t.dialect}
 	pct := t.cfg.ReservePercent
 	if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {

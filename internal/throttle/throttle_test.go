@@ -3,6 +3,7 @@ package throttle
 import (
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -84,7 +85,8 @@ func TestBC05_PauseHonoursRetryAfter(t *testing.T) {
 			}
 		}
 		// A later, shorter 429 does not shorten the pause; a longer one extends it.
-		th.OnTooManyRequests(at(5*time.Second), Permit{}, ParseHeaders(hdr("retry-after: 10"), at(5*time.Second)))
+		last := at(599*time.Second + 999*time.Millisecond) // the throttle's clock does not go back (tick)
+		th.OnTooManyRequests(last, Permit{}, ParseHeaders(hdr("retry-after-ms: 0"), last))
 		if got := th.PausedUntil(); !got.Equal(at(600 * time.Second)) {
 			t.Fatalf("PausedUntil after a shorter 429 = %v, want NOW+600s", got.Sub(NOW))
 		}
@@ -242,8 +244,15 @@ func TestBC12_LongRetryAfterBoundedWaits(t *testing.T) {
 	}
 	deadline := at(time.Hour)
 	r := rand.New(rand.NewPCG(1, 2))
+	// Random instants in increasing order: the throttle's clock does not go
+	// back (Throttle.tick).
+	offs := make([]int64, 1000)
+	for i := range offs {
+		offs[i] = r.Int64N(int64(277403 * time.Second))
+	}
+	slices.Sort(offs)
 	for i := 0; i < 1000; i++ {
-		now := NOW.Add(time.Duration(r.Int64N(int64(277403 * time.Second))))
+		now := NOW.Add(time.Duration(offs[i]))
 		pr := Priority(r.IntN(2))
 		wait := mustRefuse(t, th, now, 10, pr)
 		if lo, hi := end.Sub(now), end.Sub(now)+jitter; wait < lo || wait > hi {
@@ -302,7 +311,7 @@ func TestBC13_SlidingWindowNeverOverruns(t *testing.T) {
 				}
 				starts = append(starts, start{c.next, c.cost})
 				if r.IntN(2) == 0 { // usage below the charge: the window log keeps the charge
-					th.Done(c.next.Add(time.Second), pm, c.cost/3, true)
+					th.Done(c.next, pm, c.cost/3, true)
 				}
 				c.next = c.next.Add(time.Duration(r.Int64N(int64(5 * time.Second))))
 				c.cost, c.p = 1+r.Int64N(400_000), Priority(r.IntN(2))
