@@ -630,12 +630,12 @@ func (d *dimension) roundedFigure(f int64, predicted float64, havePred bool) int
 // Throttle is the adaptive throttle of one (ProviderPool, model). It is safe
 // for concurrent use. See the package documentation for the model.
 type Throttle struct {
-	mu              sync.Mutex
-	cfg             Config
-	seq             uint64
-	lastAt          time.Time // latest start time recorded (keeps logs ordered)
+	mu     sync.Mutex
+	cfg    Config
+	seq    uint64
+	lastAt time.Time // latest start time recorded (keeps logs ordered)
 	// latest is the latest time any caller has passed in (see tick).
-	latest time.Time
+	latest          time.Time
 	dims            [numDims]dimension
 	pausedUntil     time.Time
 	lastInteractive time.Time
