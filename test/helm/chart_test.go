@@ -387,6 +387,14 @@ func TestSchemaRejectsWrongValues(t *testing.T) {
 		"duration units out of order":       {"monitoring:\n  serviceMonitor:\n    interval: 30s1m\n", "/monitoring/serviceMonitor/interval"},
 		"empty duration":                    {"monitoring:\n  serviceMonitor:\n    interval: ''\n", "/monitoring/serviceMonitor/interval"},
 		"the default ServiceAccount":        {"serviceAccount:\n  create: false\n  name: default\n", "/serviceAccount/name"},
+		// An empty port list would render an egress rule of no ports and no
+		// peers, which Kubernetes reads as "any destination, any port".
+		"no provider port":       {"networkPolicy:\n  scheduler:\n    providerPorts: []\n", "/networkPolicy/scheduler/providerPorts"},
+		"no scheduler API port":  {"networkPolicy:\n  scheduler:\n    apiServerPorts: []\n", "/networkPolicy/scheduler/apiServerPorts"},
+		"no operator API port":   {"networkPolicy:\n  operator:\n    apiServerPorts: []\n", "/networkPolicy/operator/apiServerPorts"},
+		"pod annotation a bool":  {"operator:\n  podAnnotations:\n    prometheus.io/scrape: true\n", "/operator/podAnnotations/prometheus.io~1scrape"},
+		"node selector a number": {"operator:\n  nodeSelector:\n    zone: 1\n", "/operator/nodeSelector/zone"},
+		"SA annotation a number": {"serviceAccount:\n  annotations:\n    eks.amazonaws.com/role-arn: 12\n", "/serviceAccount/annotations/eks.amazonaws.com~1role-arn"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "values.yaml")
@@ -706,6 +714,9 @@ func TestChartRefusesContradictoryValues(t *testing.T) {
 		{"scheduler scrape timeout above the interval",
 			[]string{"--set", "monitoring.schedulerServiceMonitor.enabled=true", "--set", "monitoring.schedulerServiceMonitor.scrapeTimeout=20s"},
 			"monitoring.schedulerServiceMonitor.scrapeTimeout (20s) must not exceed monitoring.schedulerServiceMonitor.interval (15s): Prometheus refuses a scrape timeout longer than the interval."},
+		{"metrics on the health probe port",
+			[]string{"--set", "metrics.port=8081"},
+			"metrics.port=8081 is the operator's health probe port (/healthz, /readyz): the operator could not bind both and would exit at start. Choose another port (the default is 8080)."},
 		{"scheduler NetworkPolicy without namespaces",
 			[]string{"--set", "networkPolicy.scheduler.enabled=true"},
 			"networkPolicy.scheduler.enabled=true needs networkPolicy.scheduler.namespaces: list the namespaces of your ProviderPools (a NetworkPolicy selects only the pods of its own namespace)."},

@@ -1,3 +1,10 @@
+{{/* fairshare.suffixed is fairshare.fullname followed by "-" and .suffix, the fullname shortened
+first so that the whole stays within 63 characters (a Service name must) and keeps its suffix.
+Called with (dict "root" $ "suffix" "metrics"). */}}
+{{- define "fairshare.suffixed" -}}
+{{- printf "%s-%s" (include "fairshare.fullname" .root | trunc (int (sub 62 (len .suffix))) | trimSuffix "-") .suffix -}}
+{{- end -}}
+
 {{/* fairshare.fullname is the release-scoped name of the operator's objects. */}}
 {{- define "fairshare.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
