@@ -48,7 +48,7 @@ import (
 // RBAC of the scheduler (config/rbac/scheduler, ClusterRole
 // fairshare-scheduler, bound per namespace by the operator's RoleBinding).
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools;tenantquotas,verbs=get;list;watch
-// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status;tenantquotas/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status;tenantquotas/status,verbs=get;patch
 // No Secret rule: the operator's per-pool Role grants GET on the tenants' key
 // Secrets by name (render.RenderWithTenantSecrets).
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update

@@ -489,7 +489,7 @@ func checkRBAC(ctx context.Context, t *testing.T, cp *framework.ControlPlane) {
 	for _, v := range []string{"get", "list", "watch"} {
 		allow = append(allow, ra{Namespace: ns, Verb: v, Group: q, Resource: "providerpools"}, ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas"})
 	}
-	for _, v := range []string{"get", "patch", "update"} {
+	for _, v := range []string{"get", "patch"} { // status by server-side apply (PATCH) only
 		allow = append(allow, ra{Namespace: ns, Verb: v, Group: q, Resource: "providerpools", Subresource: "status"},
 			ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas", Subresource: "status"})
 	}
@@ -531,6 +531,8 @@ func checkRBAC(ctx context.Context, t *testing.T, cp *framework.ControlPlane) {
 		{Namespace: ns, Verb: "list", Group: "coordination.k8s.io", Resource: "leases"},
 		// Its own custom resources: status only, no spec writes.
 		{Namespace: ns, Verb: "update", Group: q, Resource: "providerpools"},
+		{Namespace: ns, Verb: "update", Group: q, Resource: "providerpools", Subresource: "status"},
+		{Namespace: ns, Verb: "update", Group: q, Resource: "tenantquotas", Subresource: "status"},
 		{Namespace: ns, Verb: "patch", Group: q, Resource: "tenantquotas"},
 		{Namespace: ns, Verb: "create", Group: q, Resource: "tenantquotas"},
 		{Namespace: ns, Verb: "delete", Group: q, Resource: "tenantquotas"},
