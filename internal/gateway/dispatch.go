@@ -465,8 +465,12 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, "error").Inc()
-		if ctx.Err() != nil { // shutting down: back in the queue, not an attempt
-			d.requeueNow(fj, job.Attempts-1)
+		if ctx.Err() != nil {
+			// Shutting down with the call in flight: the provider may have
+			// received and processed it, so the job goes back to the queue
+			// as a recovered one with the attempt counted, as recover marks
+			// a job found running at restart (at-least-once delivery).
+			d.requeueRecovered(fj)
 			return
 		}
 		msg := "The provider could not be reached."
@@ -562,6 +566,22 @@ func (d *dispatcher) requeueNow(fj *fairqueue.Job, attempts int) {
 	g := d.g
 	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
 		j.Status, j.Attempts = jobs.StatusQueued, max(attempts, 0)
+		return nil
+	}); err != nil {
+		d.forget(fj.ID) // the job is gone from the store
+		return
+	}
+	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
+	d.wake()
+}
+
+// requeueRecovered puts a job whose upstream call was cut off by the
+// scheduler's shutdown back at its tenant's head, queued, with its
+// attempts kept and Recovered set (the call may have reached the provider).
+func (d *dispatcher) requeueRecovered(fj *fairqueue.Job) {
+	g := d.g
+	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
+		j.Status, j.Recovered = jobs.StatusQueued, true
 		return nil
 	}); err != nil {
 		d.forget(fj.ID) // the job is gone from the store

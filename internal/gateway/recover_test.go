@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,5 +265,41 @@ func TestUndeliveredWebhookDeliveredAfterRestart(t *testing.T) {
 	calls := h.calls()
 	if len(calls) != 1 || calls[0].jobID != cut.ID {
 		t.Errorf("webhook calls %+v, want exactly one for %s (not %s)", calls, cut.ID, done.ID)
+	}
+}
+
+// TestShutdownMidCallRequeuesAsRecovered: a job whose upstream call is in
+// flight when the scheduler stops goes back to the store queued, with the
+// attempt counted and Recovered set: the provider may have processed the
+// call, and the next scheduler sends it again (at-least-once). It was once
+// stored as never attempted and not recovered, so a job the provider got
+// twice looked as if it had been sent once.
+func TestShutdownMidCallRequeuesAsRecovered(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	var first atomic.Bool
+	first.Store(true)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if first.Swap(false) {
+			entered <- struct{}{}
+			<-r.Context().Done() // until the stopping scheduler gives up the call
+			return
+		}
+		okJSON(10, 5)(w, r, body)
+	})
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	id := e1.submit("key-a", jobBody(10, 20, "")).ID
+	<-entered
+	e1.stop()
+	j, err := e1.store.Get(id)
+	if err != nil || j.Status != jobs.StatusQueued || j.Attempts != 1 || !j.Recovered {
+		t.Fatalf("stored after the stop: %+v, %v; want queued, 1 attempt, recovered", j, err)
+	}
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Second), true)
+	waitFor(t, "the job to succeed", func() bool { return e2.storeStatus(id) == jobs.StatusSucceeded })
+	got := e2.job("key-a", id)
+	if n := up.calls.Load(); n != 2 || got.Attempts != 2 || !got.Recovered {
+		t.Errorf("upstream calls %d, job attempts %d, recovered %v; want 2, 2, true", n, got.Attempts, got.Recovered)
 	}
 }

@@ -97,8 +97,10 @@ type Job struct {
 	// Error says why the job failed, expired or was cancelled.
 	Error *Error
 	// Recovered is set when the job was running when the scheduler stopped
-	// and was queued again at restart (issue "Durable job store": jobs that
-	// were running are requeued and marked as retried). Delivery toward the
+	// and was queued again: at restart for a scheduler that was killed
+	// (issue "Durable job store": jobs that were running are requeued and
+	// marked as retried), or at once by a scheduler that stops gracefully
+	// with the job's upstream call in flight. Delivery toward the
 	// provider is at-least-once: the provider may have received and
 	// processed the interrupted call, and the job is sent again.
 	Recovered bool
