@@ -128,8 +128,9 @@ func newWebhookNotifier(g *Gateway) *webhookNotifier {
 }
 
 // webhookDialControl refuses connections to link-local addresses (cloud
-// metadata endpoints such as 169.254.169.254, fe80::/10), unspecified and
-// multicast addresses with errWebhookAddress; it runs after name
+// metadata endpoints such as 169.254.169.254, fe80::/10), the other cloud
+// metadata endpoints (metadataIPs), unspecified and multicast addresses
+// with errWebhookAddress; it runs after name
 // resolution, so a name resolving there is refused too.
 func webhookDialControl(_, address string, _ syscall.RawConn) error {
 	host, _, err := net.SplitHostPort(address)
@@ -142,11 +143,31 @@ func webhookDialControl(_, address string, _ syscall.RawConn) error {
 	return nil
 }
 
+// metadataIPs are cloud instance-metadata endpoints outside the link-local
+// ranges: AWS's IPv6 endpoint (Nitro instances), Alibaba Cloud's, and
+// Oracle Cloud's legacy one. Webhooks are refused there as at
+// 169.254.169.254 (link-local, refused by range).
+var metadataIPs = []net.IP{
+	net.ParseIP("fd00:ec2::254"),
+	net.ParseIP("100.100.100.200"),
+	net.ParseIP("192.0.0.192"),
+}
+
 // refusedWebhookIP reports whether ip is an address webhooks are never
-// sent to: link-local, unspecified or multicast.
+// sent to: link-local (cloud metadata endpoints among them), a cloud
+// metadata endpoint outside the link-local ranges (metadataIPs),
+// unspecified or multicast.
 func refusedWebhookIP(ip net.IP) bool {
-	return ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
-		ip.IsInterfaceLocalMulticast()
+	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() ||
+		ip.IsInterfaceLocalMulticast() {
+		return true
+	}
+	for _, m := range metadataIPs {
+		if ip.Equal(m) {
+			return true
+		}
+	}
+	return false
 }
 
 // stop cancels deliveries in progress (their jobs stay "pending") and

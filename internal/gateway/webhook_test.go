@@ -268,10 +268,14 @@ func TestWebhookURLValidated(t *testing.T) {
 	}
 }
 
-// TestWebhookDialRefusesLinkLocal: the cloud metadata address is refused
-// at connect time.
+// TestWebhookDialRefusesLinkLocal: the cloud metadata addresses are
+// refused at connect time: link-local ones by range, and AWS's IPv6,
+// Alibaba's and Oracle's legacy endpoints, which are not link-local, by
+// address (they were once allowed).
 func TestWebhookDialRefusesLinkLocal(t *testing.T) {
-	for addr, ok := range map[string]bool{"169.254.169.254:80": false, "[fe80::1]:80": false, "0.0.0.0:80": false, "127.0.0.1:80": true, "10.0.0.1:443": true} {
+	for addr, ok := range map[string]bool{"169.254.169.254:80": false, "[::ffff:169.254.169.254]:80": false, "[fe80::1]:80": false,
+		"0.0.0.0:80": false, "[fd00:ec2::254]:80": false, "100.100.100.200:80": false, "192.0.0.192:80": false,
+		"127.0.0.1:80": true, "10.0.0.1:443": true, "100.100.100.201:80": true, "[fd00:ec2::253]:80": true} {
 		if err := webhookDialControl("tcp", addr, nil); (err == nil) != ok || (err != nil && !errors.Is(err, errWebhookAddress)) {
 			t.Errorf("%s: err %v, want allowed=%v", addr, err, ok)
 		}
