@@ -632,9 +632,23 @@ func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.
 // never charged, counted (BC-35).
 func (d *dispatcher) expire(now time.Time, list []*fairqueue.Job) {
 	for _, fj := range list {
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
-			Message: "The job reached its deadline before it could be sent."})
+		attempts := 0
+		if j, err := d.g.store.Get(fj.ID); err == nil {
+			attempts = j.Attempts
+		}
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, deadlineError(attempts))
 	}
+}
+
+// deadlineError is the error of a job that reached its deadline while
+// queued, after attempts upstream calls: none ("before it could be sent")
+// or some, whose outcome the job's earlier record gave (a retried 5xx or
+// timeout, a provider 429, a call cut off by a restart).
+func deadlineError(attempts int) jobs.Error {
+	if attempts == 0 {
+		return jobs.Error{Code: jobCodeDeadline, Message: "The job reached its deadline before it could be sent."}
+	}
+	return jobs.Error{Code: jobCodeDeadline, Message: fmt.Sprintf("The job reached its deadline before it could be sent again (attempts: %d).", attempts)}
 }
 
 // finish records a terminal status without a response.

@@ -76,8 +76,7 @@ func (g *Gateway) recover(ctx context.Context) error {
 		}
 		if !now.Before(j.Deadline) {
 			st.expired++
-			d.finish(now, j.ID, j.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
-				Message: "The job reached its deadline before it could be sent."})
+			d.finish(now, j.ID, j.Tenant, jobs.StatusExpired, deadlineError(j.Attempts))
 			continue
 		}
 		if j.Status == jobs.StatusRunning {

@@ -176,7 +176,8 @@ func TestRecoverExpiresAndFailsUnknownTenants(t *testing.T) {
 
 	e2 := newDurableEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})}, path, t0.Add(time.Minute), true)
 	waitFor(t, "both jobs finished", func() bool { return e2.storeStatus(short).Finished() && e2.storeStatus(gone).Finished() })
-	if j, _ := e2.store.Get(short); j.Status != jobs.StatusExpired || j.Error == nil || j.Error.Code != jobCodeDeadline {
+	if j, _ := e2.store.Get(short); j.Status != jobs.StatusExpired || j.Error == nil || j.Error.Code != jobCodeDeadline ||
+		j.Error.Message != "The job reached its deadline before it could be sent." {
 		t.Errorf("short-deadline job: %s %+v", j.Status, j.Error)
 	}
 	if j, _ := e2.store.Get(gone); j.Status != jobs.StatusFailed || j.Error == nil || j.Error.Code != jobCodeTenantRemoved {
@@ -301,5 +302,29 @@ func TestShutdownMidCallRequeuesAsRecovered(t *testing.T) {
 	got := e2.job("key-a", id)
 	if n := up.calls.Load(); n != 2 || got.Attempts != 2 || !got.Recovered {
 		t.Errorf("upstream calls %d, job attempts %d, recovered %v; want 2, 2, true", n, got.Attempts, got.Recovered)
+	}
+}
+
+// TestRecoverExpiredAfterAnAttemptSaysSo: a job whose call a stopping
+// scheduler cut off, restarted after its deadline, is expired with a
+// message that counts its attempt (it once said the job had never been
+// sent).
+func TestRecoverExpiredAfterAnAttemptSaysSo(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		entered <- struct{}{}
+		<-r.Context().Done()
+	})
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	id := e1.submit("key-a", jobBody(10, 20, `,"deadlineSeconds":30`)).ID
+	<-entered
+	e1.stop()
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Minute), true)
+	waitFor(t, "the job to finish", func() bool { return e2.storeStatus(id).Finished() })
+	want := "The job reached its deadline before it could be sent again (attempts: 1)."
+	if j, _ := e2.store.Get(id); j.Status != jobs.StatusExpired || j.Error == nil || j.Error.Code != jobCodeDeadline || j.Error.Message != want {
+		t.Errorf("job: %s %+v, want expired %q", j.Status, j.Error, want)
 	}
 }
