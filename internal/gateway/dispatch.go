@@ -82,6 +82,17 @@ type dispatcher struct {
 	// bound when the job is put back (Requeue ignores bounds).
 	held map[string]int
 
+	// retrying counts, per tenant, the jobs waiting for a retry backoff
+	// (in retries), and retryingTotal all of them; guarded by the queue
+	// lock like held. They are queued jobs (their status says so) and
+	// count toward the tenant's and the pool's queue bounds: a tenant's
+	// submissions during a provider outage would otherwise pile up without
+	// bound while its earlier jobs wait to be retried. Incremented before
+	// the job enters retries and decremented after it leaves, so the count
+	// is never below the jobs waiting.
+	retrying      map[string]int
+	retryingTotal int
+
 	// byID holds every job handed to the fair queue and not yet finished
 	// (queued, dequeued, running or waiting for a retry), by job ID, so that
 	// a cancellation by ID finds the *fairqueue.Job (the queue keeps no ID
@@ -100,7 +111,7 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
+	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, retrying: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
 	d.jobsWaiting.Store(true) // until the first pass looks
 	return d
 }
@@ -140,7 +151,18 @@ func (d *dispatcher) forget(id string) {
 // queue bound: queued plus taken out by the loop and not yet sent. The
 // queue lock must be held.
 func (d *dispatcher) queuedLocked(q *fairqueue.Queue, tenant string) int {
-	return q.Len(tenant) + d.held[tenant]
+	return q.Len(tenant) + d.held[tenant] + d.retrying[tenant]
+}
+
+// unretryLocked releases the bound slot of a job of tenant that left
+// retries (requeued, cancelled or failed); the queue lock must be held.
+func (d *dispatcher) unretryLocked(tenant string) {
+	if d.retrying[tenant] <= 1 {
+		delete(d.retrying, tenant)
+	} else {
+		d.retrying[tenant]--
+	}
+	d.retryingTotal = max(d.retryingTotal-1, 0)
 }
 
 // wakeIfWaiting wakes the loop when jobs may be waiting for what a call
@@ -226,6 +248,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			for _, j := range due {
 				q.Requeue(j)
+				d.unretryLocked(j.Tenant)
 			}
 		})
 	}
@@ -622,6 +645,10 @@ func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.
 		d.forget(fj.ID) // the job is gone from the store
 		return
 	}
+	g.reg.WithQueue(func(*fairqueue.Queue) {
+		d.retrying[fj.Tenant]++
+		d.retryingTotal++
+	})
 	d.mu.Lock()
 	d.retries[fj.ID] = retry{job: fj, at: at}
 	d.mu.Unlock()
@@ -700,12 +727,14 @@ func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
 	g.reg.WithQueue(func(q *fairqueue.Queue) { removed = d.cancelLocked(q, id) })
 	if !removed {
 		d.mu.Lock()
-		if _, ok := d.retries[id]; ok {
+		rt, ok := d.retries[id]
+		if ok {
 			delete(d.retries, id)
 			removed = true
 		}
 		d.mu.Unlock()
 		if removed {
+			g.reg.WithQueue(func(*fairqueue.Queue) { d.unretryLocked(rt.job.Tenant) })
 			d.forget(id)
 		}
 	}
@@ -744,11 +773,15 @@ func (g *Gateway) tenantRemoved(t *registry.Tenant) {
 			var removed bool
 			g.reg.WithQueue(func(q *fairqueue.Queue) { removed = d.cancelLocked(q, j.ID) })
 			d.mu.Lock()
-			if _, ok := d.retries[j.ID]; ok {
+			rt, ok := d.retries[j.ID]
+			if ok {
 				delete(d.retries, j.ID)
 				removed = true
 			}
 			d.mu.Unlock()
+			if ok {
+				g.reg.WithQueue(func(*fairqueue.Queue) { d.unretryLocked(rt.job.Tenant) })
+			}
 			if removed {
 				failed++
 				d.finish(now, j.ID, t.ID, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,

@@ -264,6 +264,12 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			err = fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
 			return
 		}
+		// Jobs waiting for a retry backoff are queued too (the fair queue
+		// counts only the rest against Config.MaxTotal).
+		if n := q.Total() + g.dispatch.retryingTotal; pool.MaxQueuedJobs > 0 && n >= pool.MaxQueuedJobs {
+			err = fmt.Errorf("%w: %d jobs queued (max %d)", fairqueue.ErrPoolFull, n, pool.MaxQueuedJobs)
+			return
+		}
 		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
 			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}}
 		if err = q.Enqueue(now, fj); err == nil {

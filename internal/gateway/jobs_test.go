@@ -386,3 +386,43 @@ func TestBudgetExhausted(t *testing.T) {
 		t.Errorf("second call: %d %+v Retry-After %q, want 429 budget_exhausted 86400", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
 	}
 }
+
+// TestRetryingJobsCountTowardTheQueueBound: a job waiting for a retry
+// backoff (the provider answered 500) is a queued job and holds its slot
+// of the tenant's maxQueuedJobs: a second submission is refused with 429
+// queue_full until the first is cancelled. (Jobs waiting for a retry were
+// once not counted, so during a provider outage a tenant's queued jobs
+// grew without bound.)
+func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	tp := tenant("a", limiter.Limits{})
+	tp.MaxQueued = 1
+	e := newEnv(t, up, []registry.TenantPolicy{tp})
+	first := e.submit("key-a", jobBody(10, 20, "")).ID
+	waitFor(t, "the first attempt to fail and wait for its retry", func() bool {
+		j, err := e.store.Get(first)
+		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+	})
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
+	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
+		t.Fatalf("second submission: %d %+v, want 429 %s", resp.StatusCode, body.Error, codeQueueFull)
+	}
+	if resp := e.do("DELETE", "/v1/jobs/"+first, "key-a", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("cancel of the retrying job: %d", resp.StatusCode)
+	}
+	e.submit("key-a", jobBody(10, 20, "")) // the slot is free again
+
+	// The pool-wide bound (maxQueuedJobs of the ProviderPool) counts them too.
+	up2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	e2 := newEnv(t, up2, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})},
+		withPool(func(p *registry.PoolPolicy) { p.MaxQueuedJobs = 1 }))
+	first = e2.submit("key-a", jobBody(10, 20, "")).ID
+	waitFor(t, "the first attempt to fail (pool bound)", func() bool {
+		j, err := e2.store.Get(first)
+		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+	})
+	resp = e2.do("POST", "/v1/jobs", "key-b", jobBody(10, 20, ""))
+	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != codePoolQueueFull {
+		t.Fatalf("submission of another tenant: %d %+v, want 503 %s", resp.StatusCode, body.Error, codePoolQueueFull)
+	}
+}
