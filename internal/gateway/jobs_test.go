@@ -394,7 +394,9 @@ func TestBudgetExhausted(t *testing.T) {
 // once not counted, so during a provider outage a tenant's queued jobs
 // grew without bound.)
 func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
 	tp := tenant("a", limiter.Limits{})
 	tp.MaxQueued = 1
 	e := newEnv(t, up, []registry.TenantPolicy{tp})
@@ -413,7 +415,9 @@ func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
 	e.submit("key-a", jobBody(10, 20, "")) // the slot is free again
 
 	// The pool-wide bound (maxQueuedJobs of the ProviderPool) counts them too.
-	up2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	up2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
 	e2 := newEnv(t, up2, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})},
 		withPool(func(p *registry.PoolPolicy) { p.MaxQueuedJobs = 1 }))
 	first = e2.submit("key-a", jobBody(10, 20, "")).ID
