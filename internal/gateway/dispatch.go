@@ -586,25 +586,23 @@ func jsonOrNil(b []byte) json.RawMessage {
 // requeueNow puts a job back at its tenant's head at once (after an
 // upstream 429; the throttle's pause keeps it from being sent early).
 func (d *dispatcher) requeueNow(fj *fairqueue.Job, attempts int) {
-	g := d.g
-	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
-		j.Status, j.Attempts = jobs.StatusQueued, max(attempts, 0)
-		return nil
-	}); err != nil {
-		d.forget(fj.ID) // the job is gone from the store
-		return
-	}
-	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
-	d.wake()
+	d.requeueWith(fj, func(j *jobs.Job) { j.Status, j.Attempts = jobs.StatusQueued, max(attempts, 0) })
 }
 
 // requeueRecovered puts a job whose upstream call was cut off by the
 // scheduler's shutdown back at its tenant's head, queued, with its
 // attempts kept and Recovered set (the call may have reached the provider).
 func (d *dispatcher) requeueRecovered(fj *fairqueue.Job) {
+	d.requeueWith(fj, func(j *jobs.Job) { j.Status, j.Recovered = jobs.StatusQueued, true })
+}
+
+// requeueWith records the job queued again (set changes its stored record)
+// and puts it back at its tenant's head; a job gone from the store is
+// forgotten instead.
+func (d *dispatcher) requeueWith(fj *fairqueue.Job, set func(j *jobs.Job)) {
 	g := d.g
 	if _, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
-		j.Status, j.Recovered = jobs.StatusQueued, true
+		set(j)
 		return nil
 	}); err != nil {
 		d.forget(fj.ID) // the job is gone from the store
