@@ -524,7 +524,7 @@ func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
 	return verdict{wait: Window} // unreachable: an empty window holds the full limit
 }
 
-// record appends a started call (at is non-decreasing: see Throttle.lastAt)
+// record appends a started call (at is non-decreasing: see Throttle.tick)
 // with the floor of the calls unanswered at its start.
 func (d *dimension) record(seq uint64, at time.Time, cost int64, floor uint64) {
 	cum := cost
@@ -630,12 +630,10 @@ func (d *dimension) roundedFigure(f int64, predicted float64, havePred bool) int
 // Throttle is the adaptive throttle of one (ProviderPool, model). It is safe
 // for concurrent use. See the package documentation for the model.
 type Throttle struct {
-	mu     sync.Mutex
-	cfg    Config
-	seq    uint64
-	lastAt time.Time // latest start time recorded (keeps logs ordered)
-	// latest is the latest time any caller has passed in (see tick).
-	latest          time.Time
+	mu              sync.Mutex
+	cfg             Config
+	seq             uint64
+	latest          time.Time // latest time any caller has passed in (tick); keeps the logs ordered
 	dims            [numDims]dimension
 	pausedUntil     time.Time
 	lastInteractive time.Time
@@ -838,11 +836,7 @@ func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permi
 			return Permit{}, false, w
 		}
 	}
-	at := now
-	if at.Before(t.lastAt) {
-		at = t.lastAt
-	}
-	t.lastAt = at
+	at := now // not before any start recorded (tick)
 	floor := t.advanceFloor(now)
 	t.seq++
 	if probe {
