@@ -308,9 +308,11 @@ func (g *Gateway) Handler() http.Handler { return g }
 // is bounded by the write stall timeout (stallWriter).
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), stall: g.writeStall}
-	// A deadline left on a keep-alive connection by its previous response
-	// must not cut this one before its first write.
-	_ = sw.rc.SetWriteDeadline(time.Time{})
+	// The deadline left on a keep-alive connection by its previous response
+	// must not cut this one before its first write: it is set stall ahead
+	// now, which also arms the first write of a response that starts
+	// within stall/16 (one deadline change per response, not two).
+	sw.arm()
 	defer sw.arm() // bounds the server's final flush after the handler
 	if _, pattern := g.mux.Handler(r); pattern == "" {
 		if allow := g.allowedMethods(r); allow != "" {
