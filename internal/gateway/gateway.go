@@ -280,11 +280,27 @@ func New(o Options) *Gateway {
 	g.mux.HandleFunc("POST "+endpointCompletions, g.interactive(endpointCompletions))
 	g.mux.HandleFunc("POST "+endpointEmbeddings, g.interactive(endpointEmbeddings))
 	g.mux.HandleFunc("POST /v1/jobs", g.submitJob)
-	g.mux.HandleFunc("POST /v1/jobs/bulk", g.submitBulk)
+	g.mux.HandleFunc("POST "+endpointBulk, g.submitBulk)
 	g.mux.HandleFunc("GET /v1/jobs", g.listJobs)
 	g.mux.HandleFunc("GET /v1/jobs/{id}", g.getJob)
 	g.mux.HandleFunc("DELETE /v1/jobs/{id}", g.cancelJob)
+	// /v1/jobs/bulk takes POST only: without these two routes a GET or
+	// DELETE of it matched /v1/jobs/{id} and was answered 404
+	// job_not_found.
+	g.mux.HandleFunc("GET "+endpointBulk, bulkOnlyPost)
+	g.mux.HandleFunc("DELETE "+endpointBulk, bulkOnlyPost)
 	return g
+}
+
+// endpointBulk is the bulk submission path (POST only).
+const endpointBulk = "/v1/jobs/bulk"
+
+// bulkOnlyPost answers a method other than POST on endpointBulk: 405
+// method_not_allowed with `Allow: POST` (RFC 9110 section 15.5.6).
+func bulkOnlyPost(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", http.MethodPost)
+	writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: typeInvalidRequest, code: codeMethodNotAllowed,
+		message: "Method " + r.Method + " is not allowed on " + endpointBulk + "; allowed: POST."})
 }
 
 func newTransport(conc int) *http.Transport {
@@ -332,6 +348,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Allow header value ("POST", "GET, HEAD, DELETE"), or "" when no route has the
 // path (RFC 9110 section 15.5.6: a 405 lists them in Allow).
 func (g *Gateway) allowedMethods(r *http.Request) string {
+	if r.URL.Path == endpointBulk {
+		return http.MethodPost // its GET and DELETE routes only refuse (bulkOnlyPost)
+	}
 	var allow []string
 	for _, m := range [...]string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}

@@ -163,8 +163,20 @@ func TestMethodNotAllowed(t *testing.T) {
 		{"GET", "/v1/chat/completions", "POST", 405, codeMethodNotAllowed},
 		{"PUT", "/v1/jobs/job-1", "GET, HEAD, DELETE", 405, codeMethodNotAllowed},
 		{"DELETE", "/v1/jobs", "GET, HEAD, POST", 405, codeMethodNotAllowed},
+		{"GET", "/v1/jobs/bulk", "POST", 405, codeMethodNotAllowed},
+		{"HEAD", "/v1/jobs/bulk", "POST", 405, ""},
+		{"DELETE", "/v1/jobs/bulk", "POST", 405, codeMethodNotAllowed},
+		{"PUT", "/v1/jobs/bulk", "POST", 405, codeMethodNotAllowed},
 		{"GET", "/v1/nope", "", 404, "not_found"},
 	} {
+		if c.method == http.MethodHead { // no body to read a code from
+			resp := e.do(c.method, c.path, "key-a", "")
+			resp.Body.Close()
+			if allow := resp.Header.Get("Allow"); resp.StatusCode != c.status || allow != c.allow {
+				t.Errorf("%s %s: %d Allow %q; want %d Allow %q", c.method, c.path, resp.StatusCode, allow, c.status, c.allow)
+			}
+			continue
+		}
 		resp := e.do(c.method, c.path, "key-a", "")
 		allow := resp.Header.Get("Allow")
 		if st, code := errorCode(t, resp); st != c.status || code != c.code || allow != c.allow {
