@@ -3,6 +3,7 @@ package jobs
 import (
 	"bytes"
 	"container/list"
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,11 @@ var (
 	bucketJobs = []byte("jobs") // 8-byte big-endian sequence -> JSON of Job
 	bucketMeta = []byte("meta")
 	keySeq     = []byte("seq") // 8-byte big-endian: the last sequence handed out
+	// keyIDKey holds the store's job id key (16 bytes, MemStore.newID),
+	// written when the file is created or first opened by a version that
+	// encrypts ids, so that the ids handed out stay valid cursors after a
+	// restart and on the replica that opens the file next.
+	keyIDKey = []byte("idkey")
 )
 
 // BoltStore is a durable Store in a single bbolt file (issue "Durable job
@@ -122,6 +128,19 @@ func (s *BoltStore) load() error {
 		}
 		if v := mb.Get(keySeq); len(v) == 8 {
 			m.seq = binary.BigEndian.Uint64(v)
+		}
+		switch key := mb.Get(keyIDKey); {
+		case key == nil:
+			key = make([]byte, idKeySize)
+			_, _ = rand.Read(key) // never fails (crypto/rand)
+			if err := mb.Put(keyIDKey, key); err != nil {
+				return err
+			}
+			m.ids = newIDCipher(key)
+		case len(key) == idKeySize:
+			m.ids = newIDCipher(key)
+		default:
+			return fmt.Errorf("job id key of %d bytes, want %d", len(key), idKeySize)
 		}
 		return jb.ForEach(func(k, v []byte) error {
 			if len(k) != 8 {

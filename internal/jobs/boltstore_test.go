@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -105,7 +106,7 @@ func TestBoltStoreClosedRefusesWrites(t *testing.T) {
 // and response (the fixed part of the sizing in the BoltStore doc).
 func TestJobRecordSize(t *testing.T) {
 	j := fullJob()
-	j.ID, j.Body, j.Metadata, j.Response = newID(1), nil, nil, nil
+	j.ID, j.Body, j.Metadata, j.Response = NewMemStore(clocktesting.NewFakeClock(t0), 0, 0).newID(1), nil, nil, nil
 	b, err := json.Marshal(j)
 	if err != nil {
 		t.Fatal(err)
@@ -114,4 +115,91 @@ func TestJobRecordSize(t *testing.T) {
 		t.Errorf("a job record without bodies takes %d bytes, more than 640", n)
 	}
 	t.Logf("record without bodies: %d bytes", len(b))
+}
+
+// A job store file written by an earlier version (legacy ids, no id key)
+// opens: its jobs keep their ids, which page as cursors; the store gets a
+// key, kept in the file, and new jobs get encrypted ids that still page
+// after the next reopen.
+func TestBoltStoreOpensAFileWithLegacyIDs(t *testing.T) {
+	fc := clocktesting.NewFakeClock(t0)
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	s, err := OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := s.Create(Job{Tenant: "a", Status: StatusQueued}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Make it the file of an earlier version.
+	legacy := []string{"job_0000000000000001aaaaaaaa", "job_0000000000000002bbbbbbbb", "job_0000000000000003cccccccc"}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Delete(keyIDKey); err != nil {
+			return err
+		}
+		jb := tx.Bucket(bucketJobs)
+		for i, id := range legacy {
+			var j Job
+			if err := json.Unmarshal(jb.Get(seqKey(uint64(i+1))), &j); err != nil {
+				return err
+			}
+			j.ID = id
+			v, err := json.Marshal(j)
+			if err != nil {
+				return err
+			}
+			if err := jb.Put(seqKey(uint64(i+1)), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil || db.Close() != nil {
+		t.Fatal(err)
+	}
+
+	s, err = OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(legacy[1]); err != nil {
+		t.Errorf("legacy id %s: %v", legacy[1], err)
+	}
+	if d := cmp.Diff(legacy[1:], ids(must(s.List("a", Filter{After: legacy[0]})))); d != "" {
+		t.Errorf("after a legacy id (-want +got):\n%s", d)
+	}
+	j, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.ID) != len("job_")+32 {
+		t.Errorf("new id %q is not encrypted", j.ID)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if d := cmp.Diff([]string{j.ID}, ids(must(s.List("a", Filter{After: legacy[2]})))); d != "" {
+		t.Errorf("after the last legacy id (-want +got):\n%s", d)
+	}
+	k, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{k.ID}, ids(must(s.List("a", Filter{After: j.ID})))); d != "" {
+		t.Errorf("after an id from before the reopen (-want +got):\n%s", d)
+	}
 }

@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"container/list"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"sort"
 	"strconv"
 	"sync"
@@ -28,6 +30,11 @@ type MemStore struct {
 	clock       clock.PassiveClock
 	retention   time.Duration
 	maxFinished int
+
+	// ids turns sequence numbers into job ids and back (newID, seqOf):
+	// AES-128 under the store's own key, set before the store is used and
+	// never changed.
+	ids cipher.Block
 
 	mu       sync.Mutex
 	seq      uint64
@@ -75,26 +82,74 @@ func NewMemStore(clk clock.PassiveClock, retention time.Duration, maxFinished in
 		maxFinished = DefaultMaxFinished
 	}
 	return &MemStore{
-		clock: clk, retention: retention, maxFinished: maxFinished,
+		clock: clk, retention: retention, maxFinished: maxFinished, ids: newIDCipher(nil),
 		byID: map[string]*entry{}, byTenant: map[string]*tenantJobs{},
 		finished: list.New(), counts: map[Status]int{},
 	}
 }
 
-// newID returns "job_" + 16 hex digits of seq + 8 random hex digits.
-func newID(seq uint64) string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("job_%016x%s", seq, hex.EncodeToString(b[:]))
+// idKeySize is the size of a store's job id key: AES-128.
+const idKeySize = 16
+
+// newIDCipher returns the job id cipher of key, or of a new random key when
+// key is nil.
+func newIDCipher(key []byte) cipher.Block {
+	if key == nil {
+		key = make([]byte, idKeySize)
+		_, _ = rand.Read(key) // never fails (crypto/rand)
+	}
+	b, err := aes.NewCipher(key)
+	if err != nil {
+		panic("jobs: job id key: " + err.Error()) // key sizes are checked by the callers
+	}
+	return b
 }
 
-// seqOf parses the sequence number out of an id made by newID.
-func seqOf(id string) (uint64, bool) {
-	if len(id) != 4+16+8 || id[:4] != "job_" {
-		return 0, false
+// newID returns the id of the job of sequence number seq: "job_" and 32
+// hex digits, the AES-128 encryption under the store's key of seq (8 bytes,
+// big-endian) followed by 8 zero bytes. The sequence is pool-wide, so ids
+// that showed it would let a tenant count the jobs other tenants submitted
+// between two of its own; encrypted, they show nothing and cannot be
+// forged (seqOf refuses a block whose last 8 bytes do not decrypt to zero),
+// and they still carry the sequence that list cursors need
+// (Filter.After, also for a job deleted since).
+func (s *MemStore) newID(seq uint64) string {
+	var b [aes.BlockSize]byte
+	binary.BigEndian.PutUint64(b[:8], seq)
+	s.ids.Encrypt(b[:], b[:])
+	var out [len(idPrefix) + 2*aes.BlockSize]byte
+	copy(out[:], idPrefix)
+	hex.Encode(out[len(idPrefix):], b[:])
+	return string(out[:])
+}
+
+// idPrefix begins every job id.
+const idPrefix = "job_"
+
+// legacyIDLen is the length of the ids of earlier versions, which a durable
+// store may still hold: "job_", 16 hex digits of the sequence number in the
+// clear and 8 random hex digits.
+const legacyIDLen = len(idPrefix) + 16 + 8
+
+// seqOf returns the sequence number of an id made by newID (or of a legacy
+// id), and false for any other string.
+func (s *MemStore) seqOf(id string) (uint64, bool) {
+	switch {
+	case len(id) == len(idPrefix)+2*aes.BlockSize && id[:len(idPrefix)] == idPrefix:
+		var b [aes.BlockSize]byte
+		if _, err := hex.Decode(b[:], []byte(id[len(idPrefix):])); err != nil {
+			return 0, false
+		}
+		s.ids.Decrypt(b[:], b[:])
+		if binary.BigEndian.Uint64(b[8:]) != 0 {
+			return 0, false
+		}
+		return binary.BigEndian.Uint64(b[:8]), true
+	case len(id) == legacyIDLen && id[:len(idPrefix)] == idPrefix:
+		seq, err := strconv.ParseUint(id[len(idPrefix):len(idPrefix)+16], 16, 64)
+		return seq, err == nil
 	}
-	s, err := strconv.ParseUint(id[4:20], 16, 64)
-	return s, err == nil
+	return 0, false
 }
 
 // Create implements Store.
@@ -103,7 +158,7 @@ func (s *MemStore) Create(j Job) (Job, error) {
 	defer s.mu.Unlock()
 	seq := s.seq + 1
 	j.seq = seq
-	j.ID = newID(j.seq)
+	j.ID = s.newID(j.seq)
 	if err := s.writeLocked(&j, nil); err != nil {
 		return Job{}, err
 	}
@@ -286,7 +341,7 @@ func (s *MemStore) List(tenant string, f Filter) ([]Job, bool, error) {
 	var after uint64
 	if f.After != "" {
 		var ok bool
-		if after, ok = seqOf(f.After); !ok {
+		if after, ok = s.seqOf(f.After); !ok {
 			return nil, false, ErrInvalidCursor
 		}
 	}

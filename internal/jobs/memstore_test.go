@@ -2,7 +2,9 @@ package jobs
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,16 +77,18 @@ func forEachStore(t *testing.T, test func(t *testing.T, open func(clk clock.Pass
 func TestStoreListPagesByTenantAndStatus(t *testing.T) {
 	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
 		s, reopen := open(clocktesting.NewFakeClock(t0), 0, 0)
-		var a []string
+		var a, all []string // a's ids; every id in submission order
 		for i := range 5 {
 			j, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0})
 			if err != nil {
 				t.Fatal(err)
 			}
 			a = append(a, j.ID)
-			if _, err := s.Create(Job{Tenant: "b", Status: StatusQueued}); err != nil {
+			jb, err := s.Create(Job{Tenant: "b", Status: StatusQueued})
+			if err != nil {
 				t.Fatal(err)
 			}
+			all = append(all, j.ID, jb.ID)
 			if i%2 == 1 {
 				if _, err := s.Update(j.ID, func(j *Job) error { j.Status = StatusSucceeded; j.FinishedAt = t0; return nil }); err != nil {
 					t.Fatal(err)
@@ -130,17 +134,26 @@ func TestStoreListPagesByTenantAndStatus(t *testing.T) {
 			t.Errorf("after a deleted id (-want +got):\n%s", d)
 		}
 		// Pending: queued and running jobs of all tenants in submission order.
-		pend := ids(s.Pending())
-		if len(pend) != 7 || pend[0] > pend[6] {
-			t.Errorf("pending: %v", pend)
+		var wantPend []string
+		for _, id := range all {
+			if id != a[0] && id != a[1] && id != a[3] { // deleted, succeeded, succeeded
+				wantPend = append(wantPend, id)
+			}
 		}
-		// Ids keep growing after a reopen: a new job sorts after all others.
+		if d := cmp.Diff(wantPend, ids(s.Pending())); d != "" {
+			t.Errorf("pending (-want +got):\n%s", d)
+		}
+		// The sequence goes on after a reopen: a new job lists after all
+		// others, and pages after the last one before it.
 		j, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j.ID <= a[4] {
-			t.Errorf("new id %s does not sort after %s", j.ID, a[4])
+		if d := cmp.Diff(append(a[1:len(a):len(a)], j.ID), ids(must(s.List("a", Filter{})))); d != "" {
+			t.Errorf("after a new job (-want +got):\n%s", d)
+		}
+		if d := cmp.Diff([]string{j.ID}, ids(must(s.List("a", Filter{After: a[4]})))); d != "" {
+			t.Errorf("after the last job before the reopen (-want +got):\n%s", d)
 		}
 	})
 }
@@ -213,6 +226,65 @@ func TestStoreUpdate(t *testing.T) {
 		}
 		if d := cmp.Diff(map[Status]int{StatusRunning: 1}, s.Counts()); d != "" {
 			t.Errorf("counts (-want +got):\n%s", d)
+		}
+	})
+}
+
+// must returns the jobs of a List that must succeed.
+func must(jobs []Job, _ bool, err error) []Job {
+	if err != nil {
+		panic(err)
+	}
+	return jobs
+}
+
+// Job ids do not show the pool-wide sequence: a tenant that submits two
+// jobs cannot tell from their ids how many jobs other tenants submitted
+// in between (ids were "job_" + the sequence in hex + 8 random digits, so
+// consecutive ids differed by the count). They still page (Filter.After),
+// another store's ids or a changed digit are no cursor, and a legacy id
+// (a durable store written by an earlier version) still pages after its
+// job.
+func TestJobIDsHideTheSequence(t *testing.T) {
+	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
+		s, _ := open(clocktesting.NewFakeClock(t0), 0, 0)
+		var a []string
+		inOrder := true
+		for i := range 200 {
+			j, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(j.ID) != len("job_")+32 || !strings.HasPrefix(j.ID, "job_") {
+				t.Fatalf("id %q: want job_ and 32 hex digits", j.ID)
+			}
+			if strings.Contains(j.ID, fmt.Sprintf("%016x", i+1)) {
+				t.Errorf("id %s shows its sequence number %d", j.ID, i+1)
+			}
+			if i > 0 && j.ID < a[i-1] {
+				inOrder = false
+			}
+			a = append(a, j.ID)
+		}
+		if inOrder {
+			t.Errorf("200 ids sort in submission order: they carry the sequence")
+		}
+		if d := cmp.Diff(a[101:], ids(must(s.List("a", Filter{After: a[100]})))); d != "" {
+			t.Errorf("after the 101st id (-want +got):\n%s", d)
+		}
+		other := NewMemStore(clocktesting.NewFakeClock(t0), 0, 0)
+		if id := other.newID(1); id == a[0] {
+			t.Errorf("two stores gave the same id %s to sequence number 1", id)
+		}
+		forged := []byte(a[100])
+		forged[10] ^= 1 // a hex digit changed into another
+		for _, c := range []string{other.newID(101), string(forged), "job_", "job_" + strings.Repeat("z", 32)} {
+			if _, _, err := s.List("a", Filter{After: c}); !errors.Is(err, ErrInvalidCursor) {
+				t.Errorf("cursor %q: %v, want ErrInvalidCursor", c, err)
+			}
+		}
+		if d := cmp.Diff(a[150:], ids(must(s.List("a", Filter{After: fmt.Sprintf("job_%016x%s", 150, "deadbeef")})))); d != "" {
+			t.Errorf("after the legacy id of sequence number 150 (-want +got):\n%s", d)
 		}
 	})
 }
