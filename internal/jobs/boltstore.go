@@ -55,7 +55,7 @@ var (
 // to Job are persisted without a change here; renaming a field loses its
 // stored value. JSON bodies are stored compacted (the same JSON value).
 //
-// Sizing: a job takes at most 640 bytes of JSON (581 with every field set,
+// Sizing: a job takes at most 640 bytes of JSON (589 with every field set,
 // TestJobRecordSize) plus its request body, metadata and response; bbolt
 // pages are filled to about 50% after random deletes, so count twice that
 // on disk. The file holds the queued and running jobs plus at most
