@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -557,5 +558,51 @@ func TestRequestValidationNamesTheField(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 0 {
 		t.Errorf("upstream calls = %d, want 0", n)
+	}
+}
+
+// TestCancelWhileDispatchedSaysSo: a DELETE that lands between the
+// dispatcher taking the job out of the queue and starting it is 409
+// job_not_cancellable, and its message says the job is being dispatched
+// (the record still says queued; the message once read "The job is queued
+// and can no longer be cancelled.").
+func TestCancelWhileDispatchedSaysSo(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	var once sync.Once
+	type answer struct {
+		status      int
+		code, msg   string
+		statusAfter jobs.Status
+	}
+	answers := make(chan answer, 1)
+	var id atomic.Value
+	hook := func(fj *fairqueue.Job) {
+		once.Do(func() {
+			for id.Load() == nil { // the submission's answer is not written yet
+				time.Sleep(time.Millisecond)
+			}
+			req, _ := http.NewRequest(http.MethodDelete, e.srv.URL+"/v1/jobs/"+id.Load().(string), nil)
+			req.Header.Set("Authorization", "Bearer key-a")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- answer{status: -1, msg: err.Error()}
+				return
+			}
+			var eb struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&eb)
+			resp.Body.Close()
+			answers <- answer{resp.StatusCode, eb.Error.Code, eb.Error.Message, e.storeStatus(fj.ID)}
+		})
+	}
+	e.gw.dispatch.dequeuedHook.Store(&hook)
+	j := e.submit("key-a", jobBody(10, 100, ""))
+	id.Store(j.ID)
+	got := <-answers
+	want := answer{http.StatusConflict, codeJobNotCancellable, "The job is being dispatched and can no longer be cancelled.", jobs.StatusQueued}
+	if got != want {
+		t.Errorf("DELETE while dispatched: %+v, want %+v", got, want)
 	}
 }

@@ -396,8 +396,14 @@ func (g *Gateway) cancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	j, ok := g.dispatch.cancel(j.ID)
 	if !ok {
+		state := string(j.Status)
+		if j.Status == jobs.StatusQueued {
+			// Taken out of the queue by the dispatcher an instant ago, its
+			// record not yet marked running.
+			state = "being dispatched"
+		}
 		writeError(w, &apiError{status: http.StatusConflict, typ: typeInvalidRequest, code: codeJobNotCancellable,
-			message: fmt.Sprintf("The job is %s and can no longer be cancelled.", j.Status)})
+			message: fmt.Sprintf("The job is %s and can no longer be cancelled.", state)})
 		return
 	}
 	writeJSON(w, http.StatusOK, viewOf(j))
