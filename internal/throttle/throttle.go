@@ -219,6 +219,30 @@ func (l *entryLog) search(f func(e *entry) bool) int {
 	return sort.Search(l.n, func(i int) bool { return f(l.at(i)) })
 }
 
+// seqIndex is the smallest index i in [0, len) with entry i's seq >= s, or
+// len. Every call started records one entry in each dimension, so the seqs
+// of a log are usually consecutive and entry i has seq first+i: that index
+// is tried first and checked against its neighbour (two reads, O(1)); a log
+// with gaps falls back to the binary search. The log holds a Window of
+// starts (300,000 at 5,000 calls a second), where the binary search cost
+// about twenty cache misses a call.
+func (l *entryLog) seqIndex(s uint64) int {
+	if l.n == 0 {
+		return 0
+	}
+	first := l.at(0).seq
+	if s <= first {
+		return 0
+	}
+	if d := s - first; d <= uint64(l.n) {
+		i := int(d)
+		if (i == l.n || l.at(i).seq >= s) && l.at(i-1).seq < s {
+			return i
+		}
+	}
+	return l.search(func(e *entry) bool { return e.seq >= s })
+}
+
 type mode int
 
 const (
@@ -296,7 +320,10 @@ func (d *dimension) fresh(now time.Time) bool {
 
 // firstAfterSeq is the index in the log of the first entry with seq > s.
 func (d *dimension) firstAfterSeq(s uint64) int {
-	return d.log.search(func(e *entry) bool { return e.seq > s })
+	if s == math.MaxUint64 {
+		return d.log.len()
+	}
+	return d.log.seqIndex(s + 1)
 }
 
 // uncoveredFrom is the index in the log of the first entry the figure may
@@ -305,7 +332,7 @@ func (d *dimension) uncoveredFrom() int {
 	if d.figStep {
 		return d.firstAfterSeq(d.figSeq)
 	}
-	return d.log.search(func(e *entry) bool { return e.seq >= d.figFloor })
+	return d.log.seqIndex(d.figFloor)
 }
 
 // covered reports whether the provider's figure includes the call e.
@@ -878,7 +905,7 @@ func (t *Throttle) tick(now time.Time) time.Time {
 func (t *Throttle) advanceFloor(now time.Time) uint64 {
 	d := &t.dims[dimTokens]
 	old := now.Add(-Window).UnixNano()
-	i := d.log.search(func(e *entry) bool { return e.seq >= t.floorSeq })
+	i := d.log.seqIndex(t.floorSeq)
 	for ; i < d.log.len(); i++ {
 		e := d.log.at(i)
 		if e.ans == 0 && e.at > old {
