@@ -44,6 +44,13 @@ const DefaultMaxWritesPerSecond = 5.0
 // allows (see TestPoolStatusUnder4KBWith64Models).
 const maxShownModels = 8
 
+// maxShownModelNameBytes caps the bytes of model names status.models lists
+// (8 names of 32 bytes): spec.models[].name may be 256 bytes long, and 8
+// such names alone would take the pool's status past 4 KB. Models beyond
+// it are counted in status.modelsNotShown like those beyond
+// maxShownModels; the first model is always listed.
+const maxShownModelNameBytes = 256
+
 // maxMessageBytes caps the message of a condition the scheduler writes (an
 // invalid spec's error text can be long), so that a status stays under
 // 4 KB (see TestStatusSize).
@@ -597,11 +604,20 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 		}
 	}
 	// snap.Models is sorted by name: paused models first, then the others,
-	// each by name, at most maxShownModels.
+	// each by name, at most maxShownModels and maxShownModelNameBytes of
+	// names.
 	ps.Models = append(pausedModels, otherModels...)
-	if n := len(ps.Models); n > maxShownModels {
-		ps.Models = ps.Models[:maxShownModels:maxShownModels]
-		ps.ModelsNotShown = ptr(int64(n - maxShownModels))
+	shown, nameBytes := 0, 0
+	for shown < len(ps.Models) && shown < maxShownModels {
+		nameBytes += len(ps.Models[shown].Name)
+		if shown > 0 && nameBytes > maxShownModelNameBytes {
+			break
+		}
+		shown++
+	}
+	if n := len(ps.Models); n > shown {
+		ps.Models = ps.Models[:shown:shown]
+		ps.ModelsNotShown = ptr(int64(n - shown))
 	}
 	switch {
 	case paused:

@@ -21,6 +21,12 @@ const withinTierMessage = "Usage is within the tier: neither cost above the tier
 // (the first by name), so that the pool's status stays under 4 KB.
 const maxUsageTiers = 16
 
+// maxUsageTierNameBytes caps the bytes of tier names status.usageTiers
+// lists (16 names of 20 bytes): spec.tier may be 63 bytes long, and 16
+// such names would take the pool's status past 4 KB. The first tier is
+// always listed.
+const maxUsageTierNameBytes = 320
+
 // usageStatus returns a served tenant's status.usage and its UsageOutlier
 // condition from the snapshot's evaluation (registry.TenantSnapshot.Usage,
 // usage.Evaluate; seed 002 section 7): True with reason CostAboveTier or
@@ -61,7 +67,8 @@ func usageStatus(t registry.TenantSnapshot) (*v1alpha1.TenantUsageStatus, metav1
 // usageTiers returns the ProviderPool's status.usageTiers: per tier of the
 // snapshot's tenants, its active tenants and median weighted tokens over
 // the usage window (usage.Evaluation.TierActive, TierMedian, HasMedian),
-// the first maxUsageTiers tiers by name; nil without tenants.
+// the first tiers by name, at most maxUsageTiers and maxUsageTierNameBytes
+// of names; nil without tenants.
 func usageTiers(tenants []registry.TenantSnapshot) []v1alpha1.TierUsageStatus {
 	byTier := map[string]v1alpha1.TierUsageStatus{}
 	for _, t := range tenants {
@@ -83,8 +90,13 @@ func usageTiers(tenants []registry.TenantSnapshot) []v1alpha1.TierUsageStatus {
 		out = append(out, ts)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tier < out[j].Tier })
-	if len(out) > maxUsageTiers {
-		out = out[:maxUsageTiers]
+	shown, nameBytes := 0, 0
+	for shown < len(out) && shown < maxUsageTiers {
+		nameBytes += len(out[shown].Tier)
+		if shown > 0 && nameBytes > maxUsageTierNameBytes {
+			break
+		}
+		shown++
 	}
-	return out
+	return out[:shown]
 }
