@@ -146,7 +146,12 @@ func (g *Gateway) refusedInteractive(class string) {
 // dryRunRejection counts a request or job of a DryRun tenant that Enforce
 // would have refused with code (TenantQuota spec.mode DryRun): in the
 // tenant's status figures and in fairshare_scheduler_dry_run_rejections_total.
+// A call admitted after its tenant's removal counts nothing, so the
+// series ForgetTenant deleted do not come back (as in refunded).
 func (g *Gateway) dryRunRejection(t *registry.Tenant, code string) {
+	if t.Removed() {
+		return
+	}
 	t.AddDryRunRejection()
 	g.metrics.DryRunRejections.WithLabelValues(t.ID, code).Inc()
 }
