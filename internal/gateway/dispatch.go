@@ -154,6 +154,14 @@ func (d *dispatcher) queuedLocked(q *fairqueue.Queue, tenant string) int {
 	return q.Len(tenant) + d.held[tenant] + d.retrying[tenant]
 }
 
+// queuedOutsideLocked reports the jobs waiting for a retry backoff, per
+// tenant and in all: queued jobs (their status says so) that are not in the
+// fair queue, for the backlog figures (Registry.SetQueuedOutside). The
+// queue lock must be held.
+func (d *dispatcher) queuedOutsideLocked() (map[string]int, int) {
+	return d.retrying, d.retryingTotal
+}
+
 // unretryLocked releases the bound slot of a job of tenant that left
 // retries (requeued, cancelled or failed); the queue lock must be held.
 func (d *dispatcher) unretryLocked(tenant string) {

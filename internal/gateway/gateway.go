@@ -265,6 +265,7 @@ func New(o Options) *Gateway {
 	}
 	g.lastInteractive.Store(g.clock.Now().UnixNano())
 	g.dispatch = newDispatcher(g)
+	g.reg.SetQueuedOutside(g.dispatch.queuedOutsideLocked)
 	g.hooks = newWebhookNotifier(g)
 	g.recovered = make(chan struct{})
 	if wl, ok := o.Store.(jobs.WebhookLister); ok {

@@ -450,6 +450,9 @@ type Registry struct {
 	qmu   sync.Mutex
 	queue *fairqueue.Queue
 	qcfg  fairqueue.Config
+	// queuedOut (guarded by qmu) reports the queued jobs outside the fair
+	// queue (SetQueuedOutside); nil: none.
+	queuedOut func() (perTenant map[string]int, total int)
 
 	inFlight          atomic.Int64
 	upstreamThrottled atomic.Int64
@@ -732,6 +735,19 @@ func (r *Registry) WithQueue(fn func(q *fairqueue.Queue)) {
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
 	fn(r.queue)
+}
+
+// SetQueuedOutside registers fn, which reports the jobs that are queued
+// (their status is queued, and they count toward the queue bounds) but are
+// not in the fair queue at the moment, such as jobs waiting for a retry
+// backoff, per tenant and in all. fn runs with the queue lock held (as
+// WithQueue's fn does), must not call back into the registry, and must not
+// keep or change the map it returns. Snapshot adds them to the tenants'
+// Queued and the pool's Backlog.
+func (r *Registry) SetQueuedOutside(fn func() (perTenant map[string]int, total int)) {
+	r.qmu.Lock()
+	r.queuedOut = fn
+	r.qmu.Unlock()
 }
 
 // SetTenantsSynced records that the initial list of TenantQuotas has been

@@ -17,7 +17,9 @@ type Snapshot struct {
 	Time time.Time
 	// Pool is the policy in force (nil before one is set).
 	Pool *PoolPolicy
-	// Backlog is the number of queued jobs; InFlight the upstream calls in
+	// Backlog is the number of queued jobs (in the fair queue or, see
+	// Registry.SetQueuedOutside, outside it, such as those waiting for a
+	// retry backoff); InFlight the upstream calls in
 	// flight; UpstreamThrottled the upstream 429s since start.
 	Backlog, InFlight, UpstreamThrottled int64
 	// Tenants, sorted by id.
@@ -33,7 +35,8 @@ type Snapshot struct {
 type TenantSnapshot struct {
 	ID, Name   string
 	Generation int64
-	// Queued jobs of the tenant.
+	// Queued jobs of the tenant (those waiting for a retry backoff
+	// included, as Backlog).
 	Queued int64
 	// Limiter figures (in flight, KV blocks, tokens remaining, ...).
 	Limiter limiter.Snapshot
@@ -99,8 +102,14 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 	queued := make([]int64, len(tenants))
 	r.qmu.Lock()
 	s.Backlog = int64(r.queue.Total())
+	var outside map[string]int
+	if r.queuedOut != nil {
+		var total int
+		outside, total = r.queuedOut()
+		s.Backlog += int64(total)
+	}
 	for i, t := range tenants {
-		queued[i] = int64(r.queue.Len(t.ID))
+		queued[i] = int64(r.queue.Len(t.ID) + outside[t.ID])
 	}
 	r.qmu.Unlock()
 
