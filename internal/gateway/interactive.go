@@ -517,6 +517,11 @@ type streamChunk struct {
 					Arguments string `json:"arguments"`
 				} `json:"function"`
 			} `json:"tool_calls"`
+			// FunctionCall is the legacy functions API's call (the
+			// request's "functions"): its arguments are generated output.
+			FunctionCall struct {
+				Arguments string `json:"arguments"`
+			} `json:"function_call"`
 		} `json:"delta"`
 	} `json:"choices"`
 }

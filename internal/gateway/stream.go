@@ -208,6 +208,7 @@ func decodeChunkJSON(data []byte, text *[]byte) (r chunkResult) {
 		for _, tc := range c.Delta.ToolCalls {
 			*text = append(*text, tc.Function.Arguments...)
 		}
+		*text = append(*text, c.Delta.FunctionCall.Arguments...)
 	}
 	return r
 }
@@ -465,14 +466,15 @@ const (
 	pieceContent
 	pieceRefusal
 	pieceReasoning
-	pieceToolCalls // the tool_calls array
+	pieceToolCalls    // the tool_calls array
+	pieceFunctionCall // the arguments of the legacy function_call
 	nPieces
 )
 
 // choicesArray reads choices (null or an array of null or choice objects)
 // and returns its length; each choice's text is appended in
-// decodeChunkJSON's order (text, content, refusal, reasoning content, then
-// the tool-call arguments).
+// decodeChunkJSON's order (text, content, refusal, reasoning content, the
+// tool-call arguments, then the legacy function_call's arguments).
 func (s *chunkScanner) choicesArray() (n int) {
 	if s.null() {
 		return 0
@@ -515,21 +517,25 @@ func (s *chunkScanner) choicesArray() (n int) {
 			s.toolCalls(true)
 			s.i = end
 		}
+		if p := pieces[pieceFunctionCall]; p.end > 0 {
+			s.appendStr(s.b[p.start:p.end])
+		}
 	})
 	return n
 }
 
 // delta reads a delta: null or an object of content, refusal and
-// reasoning_content (null or strings) and tool_calls (null or an array of
+// reasoning_content (null or strings), tool_calls (null or an array of
 // null or objects whose function is null or an object whose arguments is
-// null or a string), noting their spans in pieces.
+// null or a string) and function_call (null or an object whose arguments
+// is null or a string), noting their spans in pieces.
 func (s *chunkScanner) delta(pieces *[nPieces]span) {
 	if s.null() {
 		return
 	}
 	seen := 0
 	s.object(func(key []byte) {
-		j := s.field(key, "content", "refusal", "reasoning_content", "tool_calls")
+		j := s.field(key, "content", "refusal", "reasoning_content", "tool_calls", "function_call")
 		if j < 0 {
 			s.skip()
 			return
@@ -544,6 +550,10 @@ func (s *chunkScanner) delta(pieces *[nPieces]span) {
 			return
 		}
 		if s.null() {
+			return
+		}
+		if j == 4 {
+			s.oneField("arguments", func() { pieces[pieceFunctionCall] = s.str() })
 			return
 		}
 		start := s.i

@@ -42,7 +42,8 @@ func refEventUsage(event []byte) (u limiter.Usage, usageOnly, ok bool) {
 // refDeltaText is the generated text of an event as it was read with
 // encoding/json before scanEvent: for every data line that decodes as a
 // streamChunk, each choice's text, delta content, refusal, reasoning
-// content and tool-call arguments, in that order.
+// content, tool-call arguments and legacy function_call arguments, in
+// that order.
 func refDeltaText(event []byte) string {
 	if !bytes.Contains(event, []byte(`"choices"`)) {
 		return ""
@@ -66,6 +67,7 @@ func refDeltaText(event []byte) string {
 			for _, tc := range c.Delta.ToolCalls {
 				sb.WriteString(tc.Function.Arguments)
 			}
+			sb.WriteString(c.Delta.FunctionCall.Arguments)
 		}
 	}
 	return sb.String()
@@ -99,6 +101,7 @@ var streamChunkSeeds = []struct {
 	{`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`, true},
 	{`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" token1"},"finish_reason":null}]}`, true},
 	{`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
+	{`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"function_call":{"name":"get","arguments":"{\"a\":1}"}},"finish_reason":null}]}`, true},
 	{`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":64,"total_tokens":84}}`, true},
 	{`{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":{"prompt_tokens":20,"completion_tokens":1,"total_tokens":21}}`, true},
 	{`{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}`, true},
