@@ -150,7 +150,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		g.writeUpstreamBody(w, t, resp, redactKey(eb, g.key))
 		return
 	}
-	if req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if req.stream && isEventStream(resp.Header.Get("Content-Type")) {
 		g.proxyStream(w, r, resp, c, injected, req.choices > 1)
 		return
 	}
@@ -463,6 +463,17 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		// than a stream that looks complete without its [DONE].
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// isEventStream reports whether a Content-Type value names the
+// text/event-stream media type, whose type and subtype are
+// case-insensitive (RFC 9110 section 8.3.1), parameters and spaces
+// around it aside ("Text/Event-Stream; charset=utf-8").
+func isEventStream(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
 // errStreamEventTooLarge ends a stream one of whose server-sent events

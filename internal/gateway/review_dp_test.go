@@ -2,9 +2,13 @@ package gateway
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
 
@@ -48,5 +52,28 @@ func TestReviewDPScanChunkFunctionCallMatchesJSON(t *testing.T) {
 				t.Errorf("%q: scanChunk %+v %q, encoding/json %+v %q", s, r, text, got, want)
 			}
 		}
+	}
+}
+
+// TestReviewDPStreamContentTypeIsCaseInsensitive: media types are
+// case-insensitive (RFC 9110 section 8.3.1). A streaming response labelled
+// "Text/Event-Stream" must be proxied as a stream (event by event, usage
+// read), not buffered whole and refused as invalid JSON.
+func TestReviewDPStreamContentTypeIsCaseInsensitive(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "Text/Event-Stream; charset=utf-8")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":5}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600_000_000), WeightedBurst: i64(10_000_000)})})
+	resp := e.do("POST", "/v1/chat/completions", "key-a", hiStreamBody)
+	b := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "hello") {
+		t.Fatalf("got %d %s; want 200 with the stream", resp.StatusCode, b)
+	}
+	waitFor(t, "settled", func() bool { return e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).InFlight == 0 })
+	if got := 10_000_000 - e.tokensLeft("a"); got != 15 {
+		t.Errorf("charged %d, want 15 (the stream's usage)", got)
 	}
 }
