@@ -294,6 +294,7 @@ func FuzzDecodeRequestFields(f *testing.F) {
 			{"prompt", got.prompt, want.prompt}, {"input", got.input, want.input},
 			{"max_tokens", got.maxTokens, want.maxTokens},
 			{"max_completion_tokens", got.maxCompletionTokens, want.maxCompletionTokens}, {"n", got.n, want.n},
+			{"best_of", got.bestOf, want.bestOf},
 			{"tools", got.tools, want.tools}, {"functions", got.functions, want.functions},
 		} {
 			if (c.got == nil) != (c.want == nil) || !bytes.Equal(c.got, c.want) {

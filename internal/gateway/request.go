@@ -56,7 +56,7 @@ type request struct {
 // (case-sensitive) and the last of duplicate members wins.
 type requestFields struct {
 	model, stream, streamOptions, messages, prompt, input json.RawMessage
-	maxTokens, maxCompletionTokens, n                     json.RawMessage
+	maxTokens, maxCompletionTokens, n, bestOf             json.RawMessage
 	tools, functions                                      json.RawMessage
 }
 
@@ -82,6 +82,8 @@ func (f *requestFields) set(key string, value json.RawMessage) {
 		f.maxCompletionTokens = value
 	case "n":
 		f.n = value
+	case "best_of":
+		f.bestOf = value
 	case "tools":
 		f.tools = value
 	case "functions":
@@ -96,7 +98,7 @@ func (f *requestFields) set(key string, value json.RawMessage) {
 func requestKeyCandidate(k []byte) bool {
 	switch string(k) {
 	case "model", "stream", "stream_options", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n",
-		"tools", "functions":
+		"best_of", "tools", "functions":
 		return true
 	}
 	return bytes.IndexByte(k, '\\') >= 0
@@ -255,7 +257,9 @@ const initialBodyBuffer = 64 << 10
 // The output reservation is the LARGER of max_completion_tokens and
 // max_tokens when both are set (BC-28b: a client cannot get 4096 tokens
 // charged as 1), else the one set, else the pool's defaultMaxOutputTokens
-// (BC-28c); embeddings reserve no output. It is multiplied by n (choices).
+// (BC-28c); embeddings reserve no output. It is multiplied by n (choices),
+// or by best_of on completions when that is larger (the provider generates
+// and bills best_of completions).
 func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc promptCounter) (*request, *apiError) {
 	req := &request{endpoint: endpoint, body: body}
 	if !decodeRequestFields(body, &req.fields) {
@@ -345,6 +349,18 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 		choices := int64(1)
 		if n != nil {
 			choices = *n
+		}
+		if endpoint == endpointCompletions {
+			// best_of: the provider generates best_of completions server
+			// side, returns n of them and bills them all (its own
+			// admission estimate counts best_of too).
+			var bestOf *int64
+			if decodeField(f.bestOf, &bestOf) != nil || (bestOf != nil && *bestOf < 1) {
+				return nil, badParam(codeInvalidRequest, "best_of", "\"best_of\" must be a positive integer.")
+			}
+			if bestOf != nil {
+				choices = max(choices, *bestOf)
+			}
 		}
 		// Bound before multiplying: max output x n must never wrap around
 		// (2^62 x 4 would otherwise be charged as 0 or a few tokens).

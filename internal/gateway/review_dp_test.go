@@ -77,3 +77,37 @@ func TestReviewDPStreamContentTypeIsCaseInsensitive(t *testing.T) {
 		t.Errorf("charged %d, want 15 (the stream's usage)", got)
 	}
 }
+
+// TestReviewDPCompletionsBestOfCharged: on /v1/completions the provider
+// generates best_of completions server side and bills all of them (the
+// provider header reference: Azure's TPM estimate "includes prompt text,
+// max_tokens and best_of"). A request with best_of 20 and max_tokens 100
+// must reserve 20 x 100 output tokens, as n does, not 100.
+func TestReviewDPCompletionsBestOfCharged(t *testing.T) {
+	up := newUpstream(t, noUsageJSON)
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600_000_000), WeightedBurst: i64(10_000_000)})})
+	resp := e.do("POST", "/v1/completions", "key-a", completionsBody(10, 100, `,"best_of":20`))
+	if b := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got := 10_000_000 - e.tokensLeft("a"); got != 10+20*100 {
+		t.Errorf("charged %d (no usage: the charge stands), want prompt 10 + best_of 20 x max_tokens 100 = 2010", got)
+	}
+}
+
+// TestReviewDPCompletionsBestOfValidated: best_of must be a positive
+// integer: 400 invalid_request naming best_of, nothing sent upstream.
+func TestReviewDPCompletionsBestOfValidated(t *testing.T) {
+	up := newUpstream(t, noUsageJSON)
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	for _, v := range []string{`0`, `-1`, `"2"`, `1.5`} {
+		resp := e.do("POST", "/v1/completions", "key-a", completionsBody(10, 100, `,"best_of":`+v))
+		b := readAll(t, resp)
+		if resp.StatusCode != 400 || decodeCode(b) != "invalid_request" || !strings.Contains(string(b), `"param":"best_of"`) {
+			t.Errorf("best_of %s: %d %s; want 400 invalid_request param best_of", v, resp.StatusCode, b)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("%d calls upstream, want 0", n)
+	}
+}
