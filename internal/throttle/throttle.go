@@ -1034,11 +1034,19 @@ func (t *Throttle) Done(now time.Time, p Permit, actualProviderTokens int64, ok 
 // (dimension.ownRefund).
 func (t *Throttle) DoneTokens(now time.Time, p Permit, promptTokens, outputTokens int64, ok bool) {
 	in, out := max(promptTokens, 0), max(outputTokens, 0)
-	t.done(now, p, [numDims]int64{in + out, -1, in, out}, false, ok)
+	sum := in + out
+	if sum < 0 { // overflow: a usage no call can have (done clamps it)
+		sum = math.MaxInt64
+	}
+	t.done(now, p, [numDims]int64{sum, -1, in, out}, false, ok)
 }
 
 // done corrects the pending charge of each dimension of actual >= 0 to it
 // (capOnly: only downwards) while no figure of the dimension covers the call.
+// An actual above the dimension's limit is read as the limit: no call uses
+// more than a whole window's quota (the provider refuses a larger one), so
+// a hostile or garbled usage (2^62 tokens) costs at most one window instead
+// of stopping every start of the model for the longest wait.
 func (t *Throttle) done(now time.Time, p Permit, actual [numDims]int64, capOnly, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -1066,11 +1074,15 @@ func (t *Throttle) done(now time.Time, p Permit, actual [numDims]int64, capOnly,
 		// (dimension.covered), and the provider then counts the actual use
 		// (Anthropic refunds the unused max_tokens at the end of the call).
 		d := &t.dims[i]
+		a := actual[i]
+		if lim := d.limit(); lim > 0 {
+			a = min(a, lim)
+		}
 		if e := d.entry(p.seq); e != nil {
 			if capOnly && i != dimTokens {
-				e.pending = min(e.pending, actual[i])
+				e.pending = min(e.pending, a)
 			} else {
-				e.pending = actual[i]
+				e.pending = a
 			}
 		}
 	}
