@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -110,4 +111,73 @@ func TestReviewDPCompletionsBestOfValidated(t *testing.T) {
 	if n := up.calls.Load(); n != 0 {
 		t.Errorf("%d calls upstream, want 0", n)
 	}
+}
+
+// TestReviewDPStreamCROnlyLineEnds: SSE lines may end in CR alone (WHATWG
+// HTML "Server-sent events", event stream interpretation: CRLF, LF or CR).
+// A stream whose lines end in CR must be proxied event by event with its
+// usage read (charged 15), not read as one line that is only forwarded at
+// the end and settled from no usage and no counted delta (the prompt alone).
+func TestReviewDPStreamCROnlyLineEnds(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"}}]}\r\r")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":5}}\r\r")
+		fmt.Fprint(w, "data: [DONE]\r\r")
+	})
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(600_000_000), WeightedBurst: i64(10_000_000)})})
+	resp := e.do("POST", "/v1/chat/completions", "key-a", hiStreamBody)
+	b := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "hello") || strings.Contains(string(b), "usage") {
+		t.Errorf("got %d %q; want 200, the content event, and no usage chunk (the client did not ask for it)", resp.StatusCode, b)
+	}
+	waitFor(t, "settled", func() bool { return e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).InFlight == 0 })
+	if got := 10_000_000 - e.tokensLeft("a"); got != 15 {
+		t.Errorf("charged %d, want 15 (the stream's usage)", got)
+	}
+}
+
+// TestReviewDPCRReader: crReader turns each lone CR into CRLF whatever the
+// read sizes, keeps LF and CRLF line ends, and passes the rest through.
+func TestReviewDPCRReader(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"a\nb\n\n", "a\nb\n\n"},
+		{"a\r\nb\r\n\r\n", "a\r\nb\r\n\r\n"},
+		{"a\rb\r\r", "a\r\nb\r\n\r\n"},
+		{"a\r\rb\r\n\r", "a\r\n\r\nb\r\n\r\n"},
+		{"\r\r\r\r\r\r", "\r\n\r\n\r\n\r\n\r\n\r\n"},
+	} {
+		for _, chunk := range []int{1, 2, 3, 1000} {
+			for _, buf := range []int{1, 2, 5, 64} {
+				cr := crReader{r: &chunkReader{s: c.in, n: chunk}}
+				var got []byte
+				p := make([]byte, buf)
+				for i := 0; i < 1000; i++ {
+					n, err := cr.Read(p)
+					got = append(got, p[:n]...)
+					if err != nil {
+						break
+					}
+				}
+				if string(got) != c.want {
+					t.Errorf("%q (reads of %d, buffer %d): got %q, want %q", c.in, chunk, buf, got, c.want)
+				}
+			}
+		}
+	}
+}
+
+// chunkReader returns s n bytes at a time, then io.EOF.
+type chunkReader struct {
+	s string
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if r.s == "" {
+		return 0, io.EOF
+	}
+	k := copy(p, r.s[:min(r.n, len(r.s))])
+	r.s = r.s[k:]
+	return k, nil
 }

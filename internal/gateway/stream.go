@@ -77,6 +77,7 @@ const maxPooledStreamBuf = 128 << 10
 // of them (brief "performance targets": 512 concurrent streams).
 type streamState struct {
 	br    *bufio.Reader
+	cr    crReader
 	event []byte
 	text  streamText
 }
@@ -88,12 +89,85 @@ var streamStatePool = sync.Pool{New: func() any {
 // getStreamState returns a streamState reading body, its buffers empty.
 func getStreamState(body io.Reader) *streamState {
 	st := streamStatePool.Get().(*streamState)
-	st.br.Reset(body)
+	st.cr = crReader{r: body}
+	st.br.Reset(&st.cr)
 	return st
+}
+
+// crReader reads an event stream so that every line ends in LF: a CR
+// alone, which ends a line too (WHATWG HTML, server-sent events: lines end
+// in "CRLF, LF or CR"), becomes CRLF, so that proxyStream, which splits
+// lines at LF, sees each line (the client gets the same events, with CRLF
+// for CR). A CR is completed at once (an LF right after it is then
+// dropped), so no event is held back waiting for the next byte. A read
+// without a lone CR (LF or CRLF line ends: every provider seen) is passed
+// through as is, without a copy.
+type crReader struct {
+	r       io.Reader
+	skipLF  bool   // the last byte read was a CR, completed with an LF
+	pending []byte // rewritten bytes that did not fit the last read
+	err     error  // the error to return once pending is drained
+}
+
+// Read implements io.Reader.
+func (c *crReader) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		if len(c.pending) == 0 {
+			return n, c.err
+		}
+		return n, nil
+	}
+	if c.err != nil {
+		return 0, c.err
+	}
+	for {
+		n, err := c.r.Read(p)
+		if n > 0 && c.skipLF {
+			c.skipLF = false
+			if p[0] == '\n' {
+				n = copy(p, p[1:n])
+			}
+		}
+		if n == 0 && err == nil {
+			continue
+		}
+		b := p[:n]
+		lone := 0
+		for i := bytes.IndexByte(b, '\r'); i >= 0; {
+			if i+1 == len(b) || b[i+1] != '\n' {
+				lone++
+			}
+			k := bytes.IndexByte(b[i+1:], '\r')
+			if k < 0 {
+				break
+			}
+			i += 1 + k
+		}
+		if lone == 0 {
+			return n, err
+		}
+		out := make([]byte, 0, n+lone)
+		for i, ch := range b {
+			out = append(out, ch)
+			if ch == '\r' && (i+1 == len(b) || b[i+1] != '\n') {
+				out = append(out, '\n')
+			}
+		}
+		c.skipLF = b[len(b)-1] == '\r'
+		k := copy(p, out)
+		if k < len(out) {
+			c.pending, c.err = out[k:], err
+			return k, nil
+		}
+		return k, err
+	}
 }
 
 // putStreamState gives st back for reuse; st must not be used afterwards.
 func putStreamState(st *streamState) {
+	st.cr = crReader{}
 	st.br.Reset(nil)
 	if cap(st.event) > maxPooledStreamBuf {
 		st.event = nil
