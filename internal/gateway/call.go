@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -228,15 +229,40 @@ func (c *call) recordUsage(now time.Time, kind settleKind, u limiter.Usage, s li
 type usageJSON struct {
 	PromptTokens     *int64 `json:"prompt_tokens"`
 	CompletionTokens *int64 `json:"completion_tokens"`
+	// TotalTokens is read only when it is an integer: any other value is
+	// ignored rather than failing the decoding of the whole usage.
+	TotalTokens json.RawMessage `json:"total_tokens"`
 }
 
 func (u *usageJSON) usage() limiter.Usage {
-	if u == nil || u.PromptTokens == nil {
+	if u == nil {
 		return limiter.Usage{}
 	}
-	out := limiter.Usage{PromptTokens: *u.PromptTokens, Known: true}
-	if u.CompletionTokens != nil {
-		out.OutputTokens = *u.CompletionTokens
+	var total *int64
+	if v, err := strconv.ParseInt(string(u.TotalTokens), 10, 64); err == nil {
+		total = &v
+	}
+	return usageOf(u.PromptTokens, u.CompletionTokens, total)
+}
+
+// usageOf is the usage of a usage object's prompt_tokens, completion_tokens
+// and total_tokens (nil: absent or null). Without prompt_tokens it is
+// unknown. Without completion_tokens the output is total_tokens minus
+// prompt_tokens when total_tokens is at least prompt_tokens (OpenAI:
+// total = prompt + completion; an embeddings usage has no
+// completion_tokens and total = prompt, so 0), else 0: a provider that
+// sends only the prompt and the total is charged its output, not refunded
+// it.
+func usageOf(prompt, completion, total *int64) limiter.Usage {
+	if prompt == nil {
+		return limiter.Usage{}
+	}
+	out := limiter.Usage{PromptTokens: *prompt, Known: true}
+	switch {
+	case completion != nil:
+		out.OutputTokens = *completion
+	case total != nil && *total >= *prompt:
+		out.OutputTokens = *total - *prompt
 	}
 	return out
 }

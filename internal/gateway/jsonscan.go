@@ -58,8 +58,8 @@ func scanResponseJSON(b []byte) (u limiter.Usage, ok bool) {
 // plainUsage reads the usage of the one candidate member c (its span in
 // b, validated by scanJSON) without encoding/json when the member has the
 // common shape: the key "usage" as written, and null or an object whose
-// keys are plain ASCII and whose prompt_tokens and completion_tokens
-// (matched case-insensitively, the last of duplicates winning, null
+// keys are plain ASCII and whose prompt_tokens, completion_tokens and
+// total_tokens (matched case-insensitively, the last of duplicates winning, null
 // clearing) are integers of at most 18 digits. ok is false for any other
 // shape, which parseBodyUsage then decodes; the result is the same
 // (FuzzScanResponseJSON).
@@ -76,8 +76,8 @@ func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
 		return limiter.Usage{}, false
 	}
 	// As usageJSON: set (and the value) of each field.
-	var hasP, hasC bool
-	var pv, cv int64
+	var hasP, hasC, hasT bool
+	var pv, cv, tv int64
 	plain := eachMember(v, func(key, val []byte) bool {
 		var has *bool
 		var dst *int64
@@ -86,6 +86,8 @@ func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
 			has, dst = &hasP, &pv
 		case asciiEqualFold(key, "completion_tokens"):
 			has, dst = &hasC, &cv
+		case asciiEqualFold(key, "total_tokens"):
+			has, dst = &hasT, &tv
 		default:
 			return plainASCIIKey(key)
 		}
@@ -101,14 +103,13 @@ func plainUsage(b []byte, c [2]int) (u limiter.Usage, ok bool) {
 	if !plain {
 		return limiter.Usage{}, false
 	}
-	if !hasP {
-		return limiter.Usage{}, true
+	opt := func(has bool, v *int64) *int64 {
+		if has {
+			return v
+		}
+		return nil
 	}
-	u = limiter.Usage{PromptTokens: pv, Known: true}
-	if hasC {
-		u.OutputTokens = cv
-	}
-	return u, true
+	return usageOf(opt(hasP, &pv), opt(hasC, &cv), opt(hasT, &tv)), true
 }
 
 // usageKeyCandidate reports whether the raw (still escaped) JSON object key

@@ -13,6 +13,9 @@ var jsonScanCases = []string{
 	``, ` `, `{}`, `[]`, `null`, `true`, `false`, `nul`, `tru`, `0`, `-0`, `01`, `-`, `1.`, `1.5`, `1e`, `1e+`, `1E-7`, `-1.5e10`,
 	`"a"`, `"\u00e9"`, `"\u00g9"`, `"\x"`, `"a` + "\x01" + `"`, `"` + "\xff\xfe" + `"`, `"abc`, `"\`, `"\u12"`,
 	`{"a":1,}`, `[1,]`, `[1 2]`, `{"a" 1}`, `{"a":1 "b":2}`, `{a:1}`, `{"a":1}}`, `[[]`, ` {"a" : [ 1 , {"b":null} ] } `,
+	`{"usage":{"prompt_tokens":3,"total_tokens":9}}`, `{"usage":{"prompt_tokens":3,"TOTAL_TOKENS":9,"total_tokens":null}}`,
+	`{"usage":{"prompt_tokens":3,"total_tokens":"9"}}`, `{"usage":{"prompt_tokens":3,"total_tokens":9.0}}`,
+	`{"usage":{"prompt_tokens":9,"total_tokens":3}}`, `{"usage":{"prompt_tokens":3,"completion_tokens":null,"total_tokens":4}}`,
 	"\t{\"usage\":{\"prompt_tokens\":3}}\r\n", `{"usage":{"prompt_tokens":3}} x`, "\ufeff{}", `{"a":1}` + "\x00",
 	`{"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}`,
 	// The plain usage path (plainUsage) and the shapes it leaves to encoding/json.

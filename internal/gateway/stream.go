@@ -474,17 +474,17 @@ func (s *chunkScanner) null() bool {
 	return false
 }
 
-// usage reads a usage value: null or an object whose prompt_tokens and
-// completion_tokens are null or int64 numbers.
+// usage reads a usage value: null or an object whose prompt_tokens,
+// completion_tokens and total_tokens are null or int64 numbers.
 func (s *chunkScanner) usage() (u limiter.Usage) {
 	if s.null() {
 		return u
 	}
-	var prompt, completion *int64
-	var pv, cv int64
+	var prompt, completion, total *int64
+	var pv, cv, tv int64
 	seen := 0
 	s.object(func(key []byte) {
-		j := s.field(key, "prompt_tokens", "completion_tokens")
+		j := s.field(key, "prompt_tokens", "completion_tokens", "total_tokens")
 		if j < 0 {
 			s.skip()
 			return
@@ -502,13 +502,16 @@ func (s *chunkScanner) usage() (u limiter.Usage) {
 			s.fail = true
 			return
 		}
-		if j == 0 {
+		switch j {
+		case 0:
 			pv, prompt = v, &pv
-		} else {
+		case 1:
 			cv, completion = v, &cv
+		default:
+			tv, total = v, &tv
 		}
 	})
-	return (&usageJSON{PromptTokens: prompt, CompletionTokens: completion}).usage()
+	return usageOf(prompt, completion, total)
 }
 
 // int64 reads a number at s.i that is an integer within int64 (what
