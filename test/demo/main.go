@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -41,6 +42,11 @@ func main() {
 	defer stop()
 	_ = os.RemoveAll(o.WorkDir)
 	out, err := scenario.Run(ctx, o)
+	if errors.Is(err, scenario.ErrInterrupted) {
+		fmt.Fprintf(os.Stderr, "demo %v; every process it started is stopped\n", err)
+		fmt.Fprintln(os.Stderr, "logs are in", o.WorkDir)
+		os.Exit(130)
+	}
 	if out != nil {
 		out.Print(os.Stdout)
 	}

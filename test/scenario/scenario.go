@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -110,13 +111,24 @@ func Run(ctx context.Context, o Options) (*Outcome, error) {
 	for _, t := range Tenants {
 		r.outcome.Tenants[t] = &TenantOutcome{Tenant: t, InteractiveCodes: map[int]int{}}
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	if err := r.drive(ctx); err != nil {
+		if errors.Is(err, ErrInterrupted) {
+			return nil, err // no outcome was collected
+		}
+		if parent.Err() != nil { // cancelled while a step was under way
+			return nil, fmt.Errorf("%w (%v)", ErrInterrupted, err)
+		}
 		return r.outcome, fmt.Errorf("%w\nscheduler log tail:\n%s", err, env.Scheduler.Tail(40))
 	}
 	return r.outcome, nil
 }
+
+// ErrInterrupted is Run's error when its context was cancelled (the demo's
+// Ctrl-C) before the workload finished: no outcome is returned.
+var ErrInterrupted = errors.New("interrupted before the workload finished")
 
 func waitTenantsReady(ctx context.Context, env *framework.Env) error {
 	deadline := time.Now().Add(60 * time.Second)
@@ -285,8 +297,11 @@ func (r *run) drive(ctx context.Context) error {
 		}
 	}
 	<-progressDone
-	if ctx.Err() != nil {
+	switch err := ctx.Err(); {
+	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("workload did not finish in %s", r.o.Timeout)
+	case err != nil:
+		return fmt.Errorf("%w (after %s)", ErrInterrupted, time.Since(r.start).Round(time.Second))
 	}
 	r.outcome.Duration = time.Since(r.start)
 	if s, err := framework.Kubectl(ctx, r.env.CP.Kubeconfig, "get", "providerpools", "-n", Namespace, "-o", "wide"); err == nil {
