@@ -51,6 +51,21 @@ const maxShownModels = 8
 // maxShownModels; the first model is always listed.
 const maxShownModelNameBytes = 256
 
+// listedWithin is how many of the first n entries of a status list are
+// listed: at most maxCount, and while the entries' name bytes (nameLen)
+// add up to at most maxBytes; the first entry is always listed.
+func listedWithin(n, maxCount, maxBytes int, nameLen func(i int) int) int {
+	shown, bytes := 0, 0
+	for shown < n && shown < maxCount {
+		bytes += nameLen(shown)
+		if shown > 0 && bytes > maxBytes {
+			break
+		}
+		shown++
+	}
+	return shown
+}
+
 // maxMessageBytes caps the message of a condition the scheduler writes (an
 // invalid spec's error text can be long), so that a status stays under
 // 4 KB (see TestStatusSize).
@@ -607,14 +622,7 @@ func (w *StatusWriter) poolStatus(snap registry.Snapshot) poolStatus {
 	// each by name, at most maxShownModels and maxShownModelNameBytes of
 	// names.
 	ps.Models = append(pausedModels, otherModels...)
-	shown, nameBytes := 0, 0
-	for shown < len(ps.Models) && shown < maxShownModels {
-		nameBytes += len(ps.Models[shown].Name)
-		if shown > 0 && nameBytes > maxShownModelNameBytes {
-			break
-		}
-		shown++
-	}
+	shown := listedWithin(len(ps.Models), maxShownModels, maxShownModelNameBytes, func(i int) int { return len(ps.Models[i].Name) })
 	if n := len(ps.Models); n > shown {
 		ps.Models = ps.Models[:shown:shown]
 		ps.ModelsNotShown = ptr(int64(n - shown))

@@ -90,13 +90,6 @@ func usageTiers(tenants []registry.TenantSnapshot) []v1alpha1.TierUsageStatus {
 		out = append(out, ts)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tier < out[j].Tier })
-	shown, nameBytes := 0, 0
-	for shown < len(out) && shown < maxUsageTiers {
-		nameBytes += len(out[shown].Tier)
-		if shown > 0 && nameBytes > maxUsageTierNameBytes {
-			break
-		}
-		shown++
-	}
+	shown := listedWithin(len(out), maxUsageTiers, maxUsageTierNameBytes, func(i int) int { return len(out[i].Tier) })
 	return out[:shown]
 }
