@@ -453,10 +453,14 @@ type TenantRef struct{ t *tenantQ }
 // Name returns the tenant's name.
 func (r TenantRef) Name() string { return r.t.name }
 
+// Valid reports whether r is a handle from Queue.Tenant (false for the zero
+// TenantRef, which EnqueueTo refuses).
+func (r TenantRef) Valid() bool { return r.t != nil }
+
 // Tenant returns a handle on the named tenant's queue state, creating it.
 // The state is then kept while empty, as after SetTenant, until
 // RemoveTenant; a handle used after RemoveTenant forgot the tenant still
-// works (EnqueueTo recreates the state).
+// works (EnqueueTo then queues as Enqueue by name).
 func (q *Queue) Tenant(name string) TenantRef {
 	t := q.tenant(name)
 	t.configured = true
@@ -480,14 +484,18 @@ func (q *Queue) Enqueue(now time.Time, j *Job) error {
 
 // EnqueueTo is Enqueue for the tenant of ref (from Queue.Tenant), with the
 // same errors; it sets j.Tenant to the tenant's name. It costs one tenant
-// state and one ring slot, without hashing the name.
+// state and one ring slot, without hashing the name. A ref whose tenant was
+// forgotten (RemoveTenant, then its queue emptied) queues as Enqueue by name
+// would: into the tenant's current state, or a new unconfigured one, which
+// is forgotten again once empty.
 func (q *Queue) EnqueueTo(now time.Time, ref TenantRef, j *Job) error {
 	if j == nil || j.ID == "" || j.Cost < 1 || ref.t == nil {
 		return ErrInvalidJob
 	}
 	t := ref.t
 	if t.gone {
-		t = q.Tenant(t.name).t
+		j.Tenant = t.name
+		return q.enqueue(now, q.tenants[t.name], j)
 	}
 	j.Tenant = t.name
 	return q.enqueue(now, t, j)

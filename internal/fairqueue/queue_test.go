@@ -935,6 +935,23 @@ func TestTenantRefEnqueueTo(t *testing.T) {
 	if j, _ := q.Dequeue(now0, nil); j == nil || j.ID != "c1" {
 		t.Fatalf("dequeued %v, want c1", j)
 	}
+	// As Enqueue by name: the state the stale ref recreated is unconfigured,
+	// so it is forgotten again once empty.
+	if got := q.Tenants(); len(got) != 0 {
+		t.Fatalf("tenants after the stale ref's job left: %v, want none", got)
+	}
+	// A tenant configured again after it was forgotten: the stale ref
+	// queues into the new state, under its bound.
+	q.SetTenant("A", 3, 1)
+	if err := q.EnqueueTo(now0, ref, job("d1", "A", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnqueueTo(now0, ref, job("d2", "A", 1)); !errors.Is(err, ErrTenantFull) {
+		t.Errorf("stale ref over the new bound: %v, want ErrTenantFull", err)
+	}
+	if got := q.Tenants(); len(got) != 1 || got[0].Queued != 1 || got[0].Weight != 3 {
+		t.Fatalf("tenants: %+v, want A with weight 3 and 1 job", got)
+	}
 }
 
 // TestRingsAndTicketsUnderChurn drives two tenants with hundreds of jobs

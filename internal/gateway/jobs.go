@@ -272,7 +272,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		}
 		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
 			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}}
-		if err = q.Enqueue(now, fj); err == nil {
+		if err = t.Enqueue(q, now, fj); err == nil {
 			g.dispatch.trackLocked(fj)
 		}
 	})

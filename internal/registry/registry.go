@@ -86,6 +86,26 @@ type Tenant struct {
 
 	// attached is a value the data plane keeps with the tenant (Attach).
 	attached atomic.Pointer[attachment]
+
+	// qref is the tenant's handle on the pool's fair queue, taken when
+	// UpsertTenant configures the queue (guarded by the queue's lock,
+	// Registry.qmu; zero until then).
+	qref fairqueue.TenantRef
+}
+
+// Enqueue queues j, a job of this tenant, on q, the pool's fair queue as
+// Registry.WithQueue passes it; call it only inside WithQueue's fn. It is
+// fairqueue.Queue.Enqueue through the tenant's handle on the queue
+// (fairqueue.Queue.EnqueueTo: no lookup of the tenant by name under the
+// queue's lock), and Enqueue by name in the moment between the tenant's
+// admission and its queue's configuration. Either way it sets j.Tenant to
+// the tenant's ID. Errors: those of fairqueue.Queue.Enqueue.
+func (t *Tenant) Enqueue(q *fairqueue.Queue, now time.Time, j *fairqueue.Job) error {
+	if t.qref.Valid() {
+		return q.EnqueueTo(now, t.qref, j)
+	}
+	j.Tenant = t.ID
+	return q.Enqueue(now, j)
 }
 
 // attachment boxes the value of Tenant.Attach.
@@ -638,6 +658,7 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 
 	r.qmu.Lock()
 	r.queue.SetTenant(p.ID, p.Weight, p.MaxQueued)
+	cur.qref = r.queue.Tenant(p.ID)
 	r.qmu.Unlock()
 	r.notify()
 	return nil

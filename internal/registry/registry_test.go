@@ -362,3 +362,84 @@ func TestPoolBaseURL(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantEnqueueUsesItsQueueHandle: a tenant's jobs go into the fair
+// queue through the handle UpsertTenant took (under the tenant's bound and
+// weight, with j.Tenant set), an update keeps that queue state, a tenant not
+// yet configured in the queue falls back to its name, and a handle kept
+// across the tenant's removal and return queues into the returned tenant's
+// state.
+func TestTenantEnqueueUsesItsQueueHandle(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	_ = r.SetPool(testPool())
+	a := TenantPolicy{ID: "a", Name: "tq-a", Weight: 2, MaxQueued: 2}
+	if err := r.UpsertTenant(a); err != nil {
+		t.Fatal(err)
+	}
+	tn := r.Tenant("a")
+	if !tn.qref.Valid() || tn.qref.Name() != "a" {
+		t.Fatalf("UpsertTenant took no queue handle: %+v", tn.qref)
+	}
+	enqueue := func(tn *Tenant, id string) error {
+		var err error
+		r.WithQueue(func(q *fairqueue.Queue) { err = tn.Enqueue(q, t0, &fairqueue.Job{ID: id, Cost: 10}) })
+		return err
+	}
+	stats := func() []fairqueue.TenantStats {
+		var out []fairqueue.TenantStats
+		r.WithQueue(func(q *fairqueue.Queue) { out = q.Tenants() })
+		return out
+	}
+	if err := enqueue(tn, "j1"); err != nil {
+		t.Fatal(err)
+	}
+	a.MaxQueued = 3
+	if err := r.UpsertTenant(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue(tn, "j2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue(tn, "j3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue(tn, "j4"); !errors.Is(err, fairqueue.ErrTenantFull) {
+		t.Errorf("fourth job under maxQueued 3: %v, want ErrTenantFull", err)
+	}
+	if got := stats(); len(got) != 1 || got[0].Tenant != "a" || got[0].Queued != 3 || got[0].Weight != 2 {
+		t.Fatalf("queue after three jobs: %+v", got)
+	}
+	// Between a tenant's admission and its queue's configuration: by name.
+	early := &Tenant{ID: "b"}
+	if err := enqueue(early, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := stats(); len(got) != 2 || got[1].Tenant != "b" || got[1].Queued != 1 {
+		t.Fatalf("queue after the fallback by name: %+v", got)
+	}
+	// Removed (its jobs drained: the queue forgets it), then back.
+	r.RemoveTenant("tq-a")
+	r.WithQueue(func(q *fairqueue.Queue) {
+		for range 3 {
+			q.DequeueWith(t0, func(tenant string, _ *fairqueue.Job) fairqueue.Eligibility {
+				if tenant == "a" {
+					return fairqueue.Eligible
+				}
+				return fairqueue.Ineligible
+			})
+		}
+	})
+	if got := stats(); len(got) != 1 || got[0].Tenant != "b" {
+		t.Fatalf("queue after a's removal and drain: %+v", got)
+	}
+	a.Weight = 5
+	if err := r.UpsertTenant(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue(tn, "j5"); err != nil { // the handle from before the removal
+		t.Fatal(err)
+	}
+	if got := stats(); len(got) != 2 || got[0].Tenant != "a" || got[0].Queued != 1 || got[0].Weight != 5 {
+		t.Fatalf("queue after a's return: %+v", got)
+	}
+}
