@@ -61,10 +61,13 @@
 // Lookahead dispatch and Sweep remove it in O(1) by leaving a tombstone,
 // which the ring skips at its ends and compacts once tombstones outnumber
 // live jobs. Tenants are linked into the round. The deadline index is one
-// slice of tickets (job pointers) per second of deadline, with a live count
-// per bucket; a removal only decrements the count, and stale tickets are
-// recognised lazily and compacted away when a bucket is half stale, so a
-// dispatch touches no other job. The queue keeps no index by job ID: the
+// slice of tickets (job pointers) per second of deadline; a job knows its
+// ticket's position, so a removal clears that slot and touches no other job.
+// A full slice whose cleared prefix is at least half of it moves its live
+// tail down without touching a job (positions are absolute, with a base, as
+// in the rings): the common case, as jobs leave roughly in the order they
+// came; one at least half cleared elsewhere is compacted. The queue keeps no
+// index by job ID: the
 // caller keeps the *Job (the gateway does, by ID) and passes it to Cancel.
 // Enqueue finds the tenant by name (one map lookup); EnqueueTo with a
 // TenantRef skips it. The queue's own state is 16 bytes inside Job plus

@@ -56,13 +56,11 @@ type Job struct {
 	Value      any
 
 	pos      uint32 // absolute position in the tenant's ring; its slot is pos & mask
-	dpos     uint32 // slot in its deadline bucket, or noTicket
+	dpos     uint32 // absolute position of its ticket in its deadline bucket (when ticketed)
 	bypassed int32  // times overtaken through Lookahead while head
 	queued   bool
+	ticketed bool // in the deadline index
 }
-
-// noTicket is Job.dpos of a job that is not in the deadline index.
-const noTicket = math.MaxUint32
 
 // expiredAt reports whether the job's deadline is at or before now.
 func (j *Job) expiredAt(now time.Time) bool {
@@ -262,41 +260,73 @@ func (t *tenantQ) unlink(j *Job) {
 }
 
 // dbucket holds the deadline tickets of the queued jobs whose deadline falls
-// in [key, key+1) * Granularity since the Unix epoch. Tickets are validated
-// lazily: tickets[i] is live when its job is queued, its dpos is i and its
-// deadline is in this bucket; a removal only decrements live and leaves a
-// stale ticket behind (so it touches no ticket), and the stale tickets are
-// compacted away when an append would otherwise grow a slice that is at
-// least half stale.
+// in [key, key+1) * Granularity since the Unix epoch, in the order they were
+// given. A ticket has an absolute position (uint32 arithmetic, wrapping, as
+// the tenants' rings): tickets[p - base] for head <= p - base < len(tickets).
+// A removal clears its job's slot (nil), so the jobs still ticketed are
+// exactly the non-nil slots and nothing else is ever read to tell them
+// apart; the head skips cleared slots at once. When an append finds the
+// slice full, a cleared prefix of at least half the slice is dropped by
+// moving the slots down and raising base (positions do not change, so no
+// job is touched: the common case, as jobs leave roughly in the order they
+// came); else, when at least half the slots are cleared, the live ones are
+// compacted and their jobs' positions rewritten; else the slice grows.
 type dbucket struct {
 	key     int64
 	tickets []*Job
-	live    int // live tickets
-	idx     int // position in the heap
+	base    uint32 // absolute position of tickets[0]
+	head    int    // tickets[:head] are cleared
+	live    int    // non-nil slots
+	idx     int    // position in the heap
 }
 
-// valid reports whether tickets[i] == j is live.
-func (b *dbucket) valid(i int, j *Job) bool {
-	if j == nil || !j.queued || j.dpos != uint32(i) {
-		return false
+// add appends j's ticket and sets j.dpos.
+func (b *dbucket) add(j *Job) {
+	if n := len(b.tickets); n == cap(b.tickets) && n >= minRing {
+		switch {
+		case b.head >= n/2:
+			kept := copy(b.tickets, b.tickets[b.head:])
+			clear(b.tickets[kept:])
+			b.tickets = b.tickets[:kept]
+			b.base += uint32(b.head)
+			b.head = 0
+		case n >= 2*b.live:
+			b.compact()
+		}
 	}
-	k, _ := bucketKey(j.Deadline)
-	return k == b.key
+	j.dpos = b.base + uint32(len(b.tickets))
+	j.ticketed = true
+	b.tickets = append(b.tickets, j)
+	b.live++
 }
 
-// compact drops the stale tickets, keeping the order of the live ones and
-// updating their jobs' dpos. O(tickets).
+// clearTicket clears j's slot; the head skips cleared slots.
+func (b *dbucket) clearTicket(j *Job) {
+	i := int(j.dpos - b.base)
+	b.tickets[i] = nil
+	j.ticketed = false
+	b.live--
+	if i == b.head {
+		for b.head < len(b.tickets) && b.tickets[b.head] == nil {
+			b.head++
+		}
+	}
+}
+
+// compact moves the live tickets down to positions base, base+1, ... in
+// their order and rewrites their jobs' dpos. O(tickets).
 func (b *dbucket) compact() {
 	w := 0
-	for i, j := range b.tickets {
-		if b.valid(i, j) {
+	for _, j := range b.tickets[b.head:] {
+		if j != nil {
 			b.tickets[w] = j
-			j.dpos = uint32(w)
+			j.dpos = b.base + uint32(w)
 			w++
 		}
 	}
 	clear(b.tickets[w:])
 	b.tickets = b.tickets[:w]
+	b.head = 0
 }
 
 type bucketHeap []*dbucket
@@ -909,7 +939,7 @@ func (q *Queue) bucket(key int64) *dbucket {
 // indexDeadline gives j a ticket in the bucket of its deadline (none for no
 // deadline or one beyond Unix nanoseconds).
 func (q *Queue) indexDeadline(j *Job) {
-	j.dpos = noTicket
+	j.ticketed = false
 	if j.Deadline.IsZero() {
 		return
 	}
@@ -929,24 +959,19 @@ func (q *Queue) indexDeadline(j *Job) {
 		heap.Push(&q.bheap, b)
 		q.lastB = b
 	}
-	if n := len(b.tickets); n == cap(b.tickets) && n >= 2*b.live+minRing {
-		b.compact()
-	}
-	j.dpos = uint32(len(b.tickets))
-	b.tickets = append(b.tickets, j)
-	b.live++
+	b.add(j)
 }
 
-// unindexDeadline lets j's ticket go stale (j is leaving the queue); a
-// bucket left without live tickets is dropped.
+// unindexDeadline clears j's ticket (j is leaving the queue); a bucket left
+// without tickets is dropped.
 func (q *Queue) unindexDeadline(j *Job) {
-	if j.dpos == noTicket {
+	if !j.ticketed {
 		return
 	}
 	key, _ := bucketKey(j.Deadline)
 	b := q.bucket(key)
-	j.dpos = noTicket
-	if b.live--; b.live == 0 {
+	b.clearTicket(j)
+	if b.live == 0 {
 		q.dropBucket(b)
 	}
 }
@@ -964,7 +989,7 @@ func (q *Queue) dropBucket(b *dbucket) {
 			b.tickets = nil
 		}
 		clear(b.tickets)
-		b.tickets = b.tickets[:0]
+		b.tickets, b.base, b.head = b.tickets[:0], 0, 0
 		q.freeB = append(q.freeB, b)
 	}
 }
@@ -986,10 +1011,10 @@ func (q *Queue) Sweep(now time.Time) []*Job {
 		if b.key > nowKey {
 			break
 		}
-		whole := b.key < nowKey // every deadline in b is before now's bucket
-		tickets := b.tickets    // the last removal may recycle b
-		for i, j := range tickets {
-			if b.valid(i, j) && (whole || j.expiredAt(now)) {
+		whole := b.key < nowKey       // every deadline in b is before now's bucket
+		tickets := b.tickets[b.head:] // the last removal may recycle b
+		for _, j := range tickets {
+			if j != nil && (whole || j.expiredAt(now)) {
 				q.remove(q.tenants[j.Tenant], j)
 				out = append(out, j)
 			}

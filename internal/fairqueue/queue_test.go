@@ -543,15 +543,21 @@ func checkInvariants(t *testing.T, q *Queue, model map[string]*Job, tenants []st
 	indexed := 0
 	for _, b := range q.bheap {
 		live := 0
+		if b.head > len(b.tickets) || (b.head < len(b.tickets) && b.tickets[b.head] == nil) {
+			t.Fatalf("bucket %d: head %d of %d tickets is not a live ticket", b.key, b.head, len(b.tickets))
+		}
 		for i, j := range b.tickets {
-			if !b.valid(i, j) {
+			if j == nil {
 				continue
 			}
-			if model[j.ID] != j {
-				t.Fatalf("deadline index holds %s, not queued", j.ID)
+			if i < b.head {
+				t.Fatalf("bucket %d: ticket of %s at %d, before the head %d", b.key, j.ID, i, b.head)
 			}
-			if k, _ := bucketKey(j.Deadline); k != b.key || j.dpos != uint32(i) {
-				t.Fatalf("job %s in bucket %d slot %d, want %d slot %d", j.ID, b.key, i, k, j.dpos)
+			if model[j.ID] != j || !j.ticketed {
+				t.Fatalf("deadline index holds %s, not queued (ticketed %v)", j.ID, j.ticketed)
+			}
+			if k, _ := bucketKey(j.Deadline); k != b.key || j.dpos != b.base+uint32(i) {
+				t.Fatalf("job %s in bucket %d position %d, want bucket %d position %d", j.ID, b.key, b.base+uint32(i), k, j.dpos)
 			}
 			live++
 		}
@@ -1038,6 +1044,42 @@ func TestRingsAndTicketsUnderChurn(t *testing.T) {
 					t.Fatalf("step %d: tenant %s ring %v, model %v", step, tn, ids(got), ids(fifo[tn]))
 				}
 			}
+		}
+	}
+}
+
+// TestDeadlineBucketDropsClearedPrefix: jobs that leave in the order they
+// came (one deadline bucket, each dispatched job queued again) keep the
+// bucket's slice at a bounded size by dropping its cleared prefix: the
+// positions stay absolute (base rises), every queued job's ticket is where
+// its position says, and the slice never grows past twice the jobs (the
+// earlier compaction kept it at that size too, but rewrote every job's
+// position to do so).
+func TestDeadlineBucketDropsClearedPrefix(t *testing.T) {
+	q := New(Config{Quantum: 1})
+	deadline := now0.Add(time.Hour)
+	model := map[string]*Job{}
+	for i := range 8 {
+		j := &Job{ID: fmt.Sprint("j", i), Tenant: fmt.Sprint("t", i%4), Cost: 1, Deadline: deadline}
+		mustEnqueue(t, q, now0, j)
+		model[j.ID] = j
+	}
+	for range 1000 {
+		j, _ := q.Dequeue(now0, nil)
+		mustEnqueue(t, q, now0, j)
+	}
+	checkInvariants(t, q, model, []string{"t0", "t1", "t2", "t3"})
+	if len(q.bheap) != 1 {
+		t.Fatalf("%d buckets, want 1", len(q.bheap))
+	}
+	b := q.bheap[0]
+	// 1,008 tickets given in all: the next one's position is 1008.
+	if next := b.base + uint32(len(b.tickets)); next != 1008 || cap(b.tickets) > 16 || b.live != 8 {
+		t.Fatalf("bucket's next position %d (want 1008), cap %d (want at most 16), live %d", next, cap(b.tickets), b.live)
+	}
+	for _, j := range model {
+		if b.tickets[j.dpos-b.base] != j {
+			t.Fatalf("job %s not at its position %d", j.ID, j.dpos)
 		}
 	}
 }
