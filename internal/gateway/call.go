@@ -46,6 +46,11 @@ const (
 	// as too large for its limit (BC-10): the provider counted no tokens, so
 	// the throttle is told 0 were used and the model is not paused.
 	settleRejected
+	// settleAbandoned settles a call whose client went away after it was
+	// sent and before the provider's first byte (limiter.Reservation.Abandon):
+	// its tokens are refunded, its request stays charged (the provider
+	// counted it).
+	settleAbandoned
 )
 
 // admit runs admission for a call of prompt + maxOut tokens: the model's
@@ -197,6 +202,9 @@ func (c *call) settle(kind settleKind, u limiter.Usage) (s limiter.Settlement) {
 		case settleRejected:
 			s = c.res.Cancel(now)
 			c.model.Throttle.Done(now, c.permit, 0, true)
+		case settleAbandoned:
+			s = c.res.Abandon(now)
+			c.model.Throttle.Done(now, c.permit, 0, false)
 		}
 		g.refunded(c.tenant, s)
 		c.recordUsage(now, kind, u, s)

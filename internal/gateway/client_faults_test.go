@@ -291,13 +291,17 @@ func TestClientDisconnectMidStream(t *testing.T) {
 
 // A client that goes away while its call waits for the provider's first
 // byte (interactive calls never wait in a queue: admission is immediate;
-// the only wait is upstream): the upstream request is cancelled, the charge
-// is refunded in full (the provider produced nothing) and everything is
-// released, long before the simulator's 30 s latency.
+// the only wait is upstream): the upstream request is cancelled, the token
+// charge is refunded in full (the provider produced nothing), the request
+// stays charged (the provider received it: a client disconnecting at once
+// must not exceed its request rate) and everything is released, long
+// before the simulator's 30 s latency.
 func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 	up := newFaultSim(t, providersim.Config{Latency: 30 * time.Second})
-	const burst = 1_000_000
-	e := newClientEnv(t, up, []registry.TenantPolicy{limitedTenant("a", burst)}, Options{}, ServerOptions{})
+	const burst, requestBurst = 1_000_000, 100
+	pol := limitedTenant("a", burst)
+	pol.Limits.RequestsPerMinute, pol.Limits.RequestBurst = i64(6), i64(requestBurst) // refills 1 in 10 s
+	e := newClientEnv(t, up, []registry.TenantPolicy{pol}, Options{}, ServerOptions{})
 	for _, stream := range []bool{false, true} {
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
@@ -333,8 +337,12 @@ func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 	if used := e.tenantCount("a", (*metrics.TenantSeries).Used); used != 0 {
 		t.Fatalf("used %d, want 0 (full refund)", used)
 	}
-	if left := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).TokensRemaining; left != burst {
-		t.Fatalf("bucket %d, want %d", left, burst)
+	snap := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now())
+	if snap.TokensRemaining != burst {
+		t.Fatalf("bucket %d, want %d", snap.TokensRemaining, burst)
+	}
+	if snap.RequestsRemaining != requestBurst-2 {
+		t.Fatalf("request bucket %d, want %d (the two abandoned calls stay counted)", snap.RequestsRemaining, requestBurst-2)
 	}
 	e.waitOutcomes(t, "a", 2)
 	if got := e.requests("a", metrics.OutcomeClientGone); got != 2 {

@@ -88,7 +88,11 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	now := g.clock.Now()
 	g.metrics.ObserveUpstream(m.Name, now.Sub(sent))
 	if err != nil {
-		c.settle(settleRefund, limiter.Usage{})
+		if r.Context().Err() != nil {
+			c.settle(settleAbandoned, limiter.Usage{})
+		} else {
+			c.settle(settleRefund, limiter.Usage{})
+		}
 		g.metrics.UpstreamResponses.WithLabelValues(m.Name, "error").Inc()
 		switch {
 		case r.Context().Err() != nil:

@@ -19,7 +19,8 @@
 // reservation record, clamped to the bucket capacity and applied exactly once
 // (BC-15, BC-23); usage above the charge becomes debt rather than being
 // forgiven (BC-29); and concurrency and KV blocks are released on every exit
-// path (Complete or Cancel).
+// path (Complete, Cancel, or Abandon for a call its client left after it was
+// sent: tokens refunded, the request kept charged).
 //
 // Under Limits.DryRun (the TenantQuota's DryRun enforcement mode) every
 // decision is computed and nothing is refused: a request Enforce would refuse

@@ -847,3 +847,37 @@ func TestNegativeUsageKeepsTheCharge(t *testing.T) {
 		t.Error("Valid: zero known usage must be valid, unknown usage not")
 	}
 }
+
+// TestAbandonKeepsTheRequestCharged: a call its client left after it was
+// sent upstream gets its tokens back but not its request (the provider
+// counted it), so disconnecting at once cannot exceed the request rate; the
+// slot and KV blocks are released, and only the first settlement applies.
+func TestAbandonKeepsTheRequestCharged(t *testing.T) {
+	tn := NewTenant(Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(1000), RequestsPerMinute: i64(6), RequestBurst: i64(2), MaxConcurrent: i64(1), MaxKVBlocks: i64(100)}, now0)
+	cost := ones.Cost(600, 0)
+	cost.KVBlocks = 40
+	for attempt := range 2 {
+		r := mustAdmit(t, tn, now0, cost)
+		s := r.Abandon(now0)
+		if diff := cmp.Diff(Settlement{Applied: true, ChargedWeighted: 600, RefundedWeighted: 600}, s); diff != "" {
+			t.Errorf("attempt %d settlement (-want +got):\n%s", attempt, diff)
+		}
+		if got := weighted(tn, now0); got != 1000 {
+			t.Errorf("attempt %d: bucket %v after Abandon, want 1000", attempt, got)
+		}
+		if got := requests(tn, now0); got != float64(1-attempt) {
+			t.Errorf("attempt %d: request bucket %v after Abandon, want %d", attempt, got, 1-attempt)
+		}
+		if s := tn.Snapshot(now0); s.InFlight != 0 || s.KVBlocks != 0 {
+			t.Errorf("attempt %d: in flight %d, KV blocks %d after Abandon", attempt, s.InFlight, s.KVBlocks)
+		}
+		if s := r.Cancel(now0); s.Applied {
+			t.Errorf("Cancel after Abandon applied: %+v", s)
+		}
+	}
+	// Both requests stay counted: the third is refused for the request rate.
+	var r Reservation
+	if rej := tn.AdmitInto(now0, cost, &r); rej == nil || rej.Reason != ReasonRequestRate {
+		t.Fatalf("third request after two abandoned: %+v, want %s", rej, ReasonRequestRate)
+	}
+}

@@ -756,6 +756,31 @@ func (r *Reservation) Cancel(now time.Time) Settlement {
 	return Settlement{Applied: true, ChargedWeighted: charged, UsedWeighted: 0, RefundedWeighted: charged}
 }
 
+// Abandon settles a call whose client went away after it was sent to the
+// provider and before the provider's first byte: the token buckets are
+// refunded in full, as by Cancel (no output reached anyone), but the request
+// bucket keeps its charge, as after Complete: the provider received and
+// counted the request, and a refund would let a client that disconnects at
+// once send requests to the provider at any rate. It releases the
+// concurrency slot and the KV blocks. Idempotent with Complete and Cancel:
+// only the first settlement applies. A shadow reservation changes nothing
+// and returns Settlement{Applied: true}, once.
+func (r *Reservation) Abandon(now time.Time) Settlement {
+	c := &r.cost
+	if r.isShadow() {
+		if !r.settle(0, nil) {
+			return Settlement{}
+		}
+		return Settlement{Applied: true}
+	}
+	delta := [numDims]int64{c.Weighted, c.PromptTokens, c.MaxOutputTokens, 0}
+	if !r.settle(now.UnixNano(), &delta) {
+		return Settlement{}
+	}
+	charged := c.Weighted - r.untakenWeighted()
+	return Settlement{Applied: true, ChargedWeighted: charged, UsedWeighted: 0, RefundedWeighted: charged}
+}
+
 // settle credits delta[i] (debits when negative) to every bucket the
 // reservation was charged to and that still exists, releases concurrency and
 // KV blocks, and reports false when the reservation was already settled. A
