@@ -26,6 +26,20 @@ const (
 	DialectIETF Dialect = "IETF"
 )
 
+// QueueingStrategy says in which order a tenant's batch jobs may start (the
+// names of Kueue's ClusterQueue queueingStrategy).
+// +kubebuilder:validation:Enum=BestEffortFIFO;StrictFIFO
+type QueueingStrategy string
+
+// Queueing strategies (see docs/api.md).
+const (
+	// QueueingBestEffortFIFO lets a tenant's later job that can start go
+	// before its oldest job that cannot, a bounded number of times.
+	QueueingBestEffortFIFO QueueingStrategy = "BestEffortFIFO"
+	// QueueingStrictFIFO starts a tenant's jobs in the order they came.
+	QueueingStrictFIFO QueueingStrategy = "StrictFIFO"
+)
+
 // TenantIdentificationMode says how the scheduler learns which tenant sent a request.
 // +kubebuilder:validation:Enum=APIKey;TrustedHeader
 type TenantIdentificationMode string
@@ -325,6 +339,17 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000000
 	MaxWaitTokens *int64 `json:"maxWaitTokens,omitempty"`
+
+	// queueingStrategy is the order in which a tenant's batch jobs may start.
+	// BestEffortFIFO: when the tenant's oldest job cannot start (its model is
+	// paused after a 429, or it needs more KV blocks or tokens than the
+	// tenant has free now), one of its next 8 jobs that can start goes first;
+	// the oldest job is passed over at most 4 times, then the tenant waits
+	// for it, so its wait stays bounded. StrictFIFO: the oldest job blocks
+	// the tenant's later jobs until it starts. Defaults to BestEffortFIFO.
+	// +optional
+	// +kubebuilder:default=BestEffortFIFO
+	QueueingStrategy QueueingStrategy `json:"queueingStrategy,omitempty"`
 
 	// maxQueuedJobs bounds the jobs queued in the pool across all tenants: the
 	// memory guard behind the per-tenant bounds. Defaults to 100000.

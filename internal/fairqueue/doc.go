@@ -29,7 +29,10 @@
 // one full pass, Dequeue returns nil rather than spinning. With Lookahead set,
 // a tenant whose head does not fit may dispatch a later job that does (a large
 // KV request must not block small ones, BC-32), at most MaxBypass times per
-// head job, so the large job's wait stays bounded.
+// head job, so the large job's wait stays bounded; a job the predicate calls
+// TenantIneligible (no job of the tenant could start) ends the lookahead. The
+// scheduler sets Lookahead under the pool's queueingStrategy BestEffortFIFO
+// (the default; registry.LookaheadJobs).
 //
 // Aging and the wait bound (seed 002 section 6: "add aging so a low-weight
 // tenant doesn't starve indefinitely"). DRR alone already bounds the wait: a

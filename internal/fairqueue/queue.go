@@ -124,6 +124,11 @@ const (
 	// Deprioritised: the tenant may start the job but is over a soft limit;
 	// its quantum on this visit is divided by Config.DeprioritisedDivisor.
 	Deprioritised
+	// TenantIneligible: the tenant can start none of its jobs now, whatever
+	// their size or model (its concurrency or request rate binds, it is
+	// suspended, its budget is spent): as Ineligible, and Lookahead does not
+	// look past this job.
+	TenantIneligible
 )
 
 // tenantQ is one tenant's FIFO queue and round-robin state. The FIFO is a
@@ -795,16 +800,18 @@ func (q *Queue) aged(t *tenantQ, pick *Job) bool {
 
 // pick returns the job tenant t would dispatch now: its head if eligible,
 // else, with Lookahead, the first eligible live job among the next Lookahead
-// ones, unless the head has been bypassed MaxBypass times already.
+// ones, unless the head has been bypassed MaxBypass times already or a job
+// examined is TenantIneligible (no other job of t could start either).
 func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) Eligibility) (*Job, Eligibility) {
 	head := t.first()
 	if eligible == nil {
 		return head, Eligible
 	}
-	if el := eligible(t.name, head); el != Ineligible {
+	el := eligible(t.name, head)
+	if el == Eligible || el == Deprioritised {
 		return head, el
 	}
-	if q.cfg.Lookahead == 0 || int(head.bypassed) >= q.cfg.MaxBypass {
+	if el == TenantIneligible || q.cfg.Lookahead == 0 || int(head.bypassed) >= q.cfg.MaxBypass {
 		return nil, Ineligible
 	}
 	mask := t.mask()
@@ -815,8 +822,11 @@ func (q *Queue) pick(t *tenantQ, now time.Time, eligible func(string, *Job) Elig
 		}
 		seen++
 		if !j.expiredAt(now) {
-			if el := eligible(t.name, j); el != Ineligible {
+			switch el := eligible(t.name, j); el {
+			case Eligible, Deprioritised:
 				return j, el
+			case TenantIneligible:
+				return nil, Ineligible
 			}
 		}
 	}

@@ -808,6 +808,48 @@ func TestBC32_LookaheadWithBoundedBypass(t *testing.T) {
 
 func must(j *Job, _ []*Job) *Job { return j }
 
+// TestTenantIneligibleStopsLookahead: a head job the test calls
+// TenantIneligible (no job of the tenant could start: its concurrency binds)
+// ends the tenant's visit without testing its later jobs, and without
+// counting as a bypass; a later job called TenantIneligible ends the
+// lookahead there, so a job behind it is not considered; Ineligible keeps
+// looking (up to Lookahead jobs).
+func TestTenantIneligibleStopsLookahead(t *testing.T) {
+	q := New(Config{Quantum: 10000, Lookahead: 4, MaxBypass: 2})
+	mustEnqueue(t, q, now0, job("A1", "A", 10), job("A2", "A", 10), job("A3", "A", 10), job("A4", "A", 10))
+	answer := map[string]Eligibility{"A1": TenantIneligible, "A2": Eligible, "A3": Eligible, "A4": Eligible}
+	var tested []string
+	test := func(_ string, j *Job) Eligibility {
+		tested = append(tested, j.ID)
+		return answer[j.ID]
+	}
+	if j, _ := q.DequeueWith(now0, test); j != nil {
+		t.Fatalf("dispatched %s while the head is TenantIneligible", j.ID)
+	}
+	if diff := cmp.Diff([]string{"A1"}, tested); diff != "" {
+		t.Errorf("jobs tested (-want +got):\n%s", diff)
+	}
+	answer["A1"], answer["A2"] = Ineligible, TenantIneligible
+	tested = nil
+	if j, _ := q.DequeueWith(now0, test); j != nil {
+		t.Fatalf("dispatched %s past a TenantIneligible job", j.ID)
+	}
+	if diff := cmp.Diff([]string{"A1", "A2"}, tested); diff != "" {
+		t.Errorf("jobs tested (-want +got):\n%s", diff)
+	}
+	answer["A2"] = Ineligible
+	tested = nil
+	if j, _ := q.DequeueWith(now0, test); j == nil || j.ID != "A3" {
+		t.Fatalf("dispatched %v, want A3 (A1 and A2 Ineligible)", j)
+	}
+	if diff := cmp.Diff([]string{"A1", "A2", "A3"}, tested); diff != "" {
+		t.Errorf("jobs tested (-want +got):\n%s", diff)
+	}
+	if q.tenants["A"].first().bypassed != 1 {
+		t.Errorf("A1 bypassed %d times, want 1 (the TenantIneligible visits are not bypasses)", q.tenants["A"].first().bypassed)
+	}
+}
+
 // TestSetTenantLive: lowering a bound never drops queued jobs; a new weight
 // applies from the next quantum.
 func TestSetTenantLive(t *testing.T) {

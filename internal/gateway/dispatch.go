@@ -298,13 +298,18 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				}
 				return fairqueue.Ineligible
 			}
+			// TenantIneligible where no job of the tenant could start
+			// either, so that the queue's lookahead (queueingStrategy
+			// BestEffortFIFO) does not test its next jobs in vain;
+			// Ineligible where a smaller job, or one for another model,
+			// might.
 			if skip[tenant] {
-				return fairqueue.Ineligible
+				return fairqueue.TenantIneligible
 			}
 			t := g.reg.Tenant(tenant)
 			if t == nil {
 				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."}})
-				return fairqueue.Ineligible
+				return fairqueue.TenantIneligible
 			}
 			if ok, resetIn, _ := t.CheckBudget(now, qd.cost.Weighted); !ok && !t.Policy().DryRun {
 				wakeAt = earliest(wakeAt, now.Add(resetIn))
@@ -330,6 +335,10 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 			if rej.RetryAfter > 0 {
 				wakeAt = earliest(wakeAt, now.Add(rej.RetryAfter))
 			}
+			switch rej.Reason {
+			case limiter.ReasonConcurrency, limiter.ReasonRequestRate, limiter.ReasonSuspended:
+				return fairqueue.TenantIneligible
+			}
 			return fairqueue.Ineligible
 		}
 		var next *fairqueue.Job
@@ -338,9 +347,14 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 			if next != nil {
 				d.held[next.Tenant]++ // released by start
 			}
+			// A job examined twice in one DequeueWith is doomed once.
+			kept := out[:0]
 			for _, o := range out {
-				q.Cancel(o.job)
+				if q.Cancel(o.job) {
+					kept = append(kept, o)
+				}
 			}
+			out = kept
 		})
 		if h := d.dequeuedHook.Load(); h != nil && next != nil {
 			(*h)(next)

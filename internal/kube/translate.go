@@ -37,6 +37,7 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 		IdentHeader:            s.TenantIdentification.Header,
 		Quantum:                s.Scheduler.QuantumTokens,
 		MaxWaitTokens:          derefInt64(s.Scheduler.MaxWaitTokens),
+		QueueingStrategy:       string(s.Scheduler.QueueingStrategy),
 		MaxQueuedJobs:          int(s.Scheduler.MaxQueuedJobs),
 		UpstreamTimeout:        time.Duration(defaultTimeoutSeconds) * time.Second,
 	}

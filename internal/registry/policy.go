@@ -41,6 +41,28 @@ const (
 	DefaultIdentHeader            = "X-Fairshare-Tenant"
 )
 
+// Queueing strategies of a pool's batch jobs (PoolPolicy.QueueingStrategy,
+// ProviderPool spec.scheduler.queueingStrategy; the names of Kueue's
+// ClusterQueue queueingStrategy).
+const (
+	// QueueingBestEffortFIFO: when a tenant's oldest job cannot start (its
+	// model is paused, or its size does not fit the tenant's KV blocks or
+	// token bucket now), one of the tenant's next LookaheadJobs jobs that can
+	// start goes first; the oldest job is passed over at most MaxBypass times
+	// (BC-32: a large job does not block small ones, and its own wait stays
+	// bounded).
+	QueueingBestEffortFIFO = "BestEffortFIFO"
+	// QueueingStrictFIFO: a tenant's jobs start in the order they came.
+	QueueingStrictFIFO = "StrictFIFO"
+)
+
+// LookaheadJobs and MaxBypass are the fair queue's Lookahead and MaxBypass
+// under QueueingBestEffortFIFO (fairqueue.Config).
+const (
+	LookaheadJobs = 8
+	MaxBypass     = 4
+)
+
 // KeyHash is the SHA-256 of a tenant API key; the registry never holds keys.
 type KeyHash [sha256.Size]byte
 
@@ -84,6 +106,9 @@ type PoolPolicy struct {
 	// MaxWaitTokens turns on the fair queue's aging (fairqueue.Config), in
 	// weighted tokens dispatched; 0 is off.
 	MaxWaitTokens int64
+	// QueueingStrategy is QueueingBestEffortFIFO (the default) or
+	// QueueingStrictFIFO.
+	QueueingStrategy string
 	// MaxQueuedJobs bounds the jobs queued across all tenants.
 	MaxQueuedJobs int
 	// UpstreamTimeout bounds one upstream call.
@@ -150,6 +175,13 @@ func (p *PoolPolicy) Validate() error {
 	}
 	if p.Quantum <= 0 {
 		p.Quantum = DefaultQuantum
+	}
+	switch p.QueueingStrategy {
+	case "":
+		p.QueueingStrategy = QueueingBestEffortFIFO
+	case QueueingBestEffortFIFO, QueueingStrictFIFO:
+	default:
+		return fmt.Errorf("scheduler.queueingStrategy: unknown strategy %q (BestEffortFIFO or StrictFIFO)", p.QueueingStrategy)
 	}
 	if p.MaxQueuedJobs <= 0 {
 		p.MaxQueuedJobs = DefaultMaxQueuedJobs

@@ -479,9 +479,10 @@ type Registry struct {
 }
 
 // New returns an empty registry reading time from clk, with a fair queue of
-// the default quantum and bound until a pool policy is set.
+// the default quantum, bound and queueing strategy until a pool policy is
+// set.
 func New(clk clock.PassiveClock) *Registry {
-	cfg := fairqueue.Config{Quantum: DefaultQuantum, MaxTotal: DefaultMaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0}
+	cfg := queueConfig(&PoolPolicy{Quantum: DefaultQuantum, MaxQueuedJobs: DefaultMaxQueuedJobs, QueueingStrategy: QueueingBestEffortFIFO})
 	return &Registry{
 		clock:   clk,
 		tenants: map[string]*Tenant{},
@@ -570,7 +571,7 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 	}
 	r.mu.Unlock()
 
-	want := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0, MaxWaitTokens: max(p.MaxWaitTokens, 0)}
+	want := queueConfig(&p)
 	r.qmu.Lock()
 	if want != r.qcfg {
 		// Live: queued jobs, deficits and the round are kept.
@@ -580,6 +581,18 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 	r.qmu.Unlock()
 	r.notify()
 	return nil
+}
+
+// queueConfig is the fair queue's configuration for the validated pool
+// policy p: its quantum, bound and aging, every tenant at weight 1 and
+// without a bound until its TenantQuota sets them, and the Lookahead of its
+// queueing strategy.
+func queueConfig(p *PoolPolicy) fairqueue.Config {
+	cfg := fairqueue.Config{Quantum: p.Quantum, MaxTotal: p.MaxQueuedJobs, DefaultWeight: 1, DefaultMaxQueued: 0, MaxWaitTokens: max(p.MaxWaitTokens, 0)}
+	if p.QueueingStrategy == QueueingBestEffortFIFO {
+		cfg.Lookahead, cfg.MaxBypass = LookaheadJobs, MaxBypass
+	}
+	return cfg
 }
 
 // usageConfig returns the pool's usage-monitoring settings, or the

@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -280,6 +281,47 @@ func TestPoolAgingReachesTheQueue(t *testing.T) {
 	r.qmu.Unlock()
 	if got != 0 {
 		t.Errorf("queue MaxWaitTokens = %d after unsetting, want 0", got)
+	}
+}
+
+// TestPoolQueueingStrategyReachesTheQueue: BestEffortFIFO (the default, also
+// before any pool is set) gives the fair queue a lookahead of LookaheadJobs
+// with MaxBypass; StrictFIFO none; an unknown strategy is refused naming the
+// field, and the committed policy stays.
+func TestPoolQueueingStrategyReachesTheQueue(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	cfg := func() (int, int) {
+		r.qmu.Lock()
+		defer r.qmu.Unlock()
+		return r.qcfg.Lookahead, r.qcfg.MaxBypass
+	}
+	if la, mb := cfg(); la != LookaheadJobs || mb != MaxBypass {
+		t.Errorf("before a pool: lookahead %d, max bypass %d; want %d, %d", la, mb, LookaheadJobs, MaxBypass)
+	}
+	p := testPool()
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Pool().QueueingStrategy; got != QueueingBestEffortFIFO {
+		t.Errorf("default strategy %q, want %q", got, QueueingBestEffortFIFO)
+	}
+	if la, mb := cfg(); la != LookaheadJobs || mb != MaxBypass {
+		t.Errorf("BestEffortFIFO: lookahead %d, max bypass %d; want %d, %d", la, mb, LookaheadJobs, MaxBypass)
+	}
+	p.QueueingStrategy = QueueingStrictFIFO
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	if la, _ := cfg(); la != 0 {
+		t.Errorf("StrictFIFO: lookahead %d, want 0", la)
+	}
+	p.QueueingStrategy = "LIFO"
+	err := r.SetPool(p)
+	if err == nil || !strings.Contains(err.Error(), "scheduler.queueingStrategy") {
+		t.Fatalf("unknown strategy: %v, want an error naming scheduler.queueingStrategy", err)
+	}
+	if got := r.Pool().QueueingStrategy; got != QueueingStrictFIFO {
+		t.Errorf("after a refused policy the strategy is %q, want %q", got, QueueingStrictFIFO)
 	}
 }
 
