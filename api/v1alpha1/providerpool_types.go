@@ -26,6 +26,20 @@ const (
 	DialectIETF Dialect = "IETF"
 )
 
+// StreamUsage says how the scheduler learns the tokens a streamed call used.
+// +kubebuilder:validation:Enum=IncludeUsage;CountDeltas
+type StreamUsage string
+
+// Stream usage modes (see docs/api.md).
+const (
+	// StreamUsageIncludeUsage asks the provider for its usage chunk
+	// (stream_options.include_usage) on a streamed call whose client did not.
+	StreamUsageIncludeUsage StreamUsage = "IncludeUsage"
+	// StreamUsageCountDeltas sends the client's body unchanged and settles a
+	// stream that brings no usage from the tokenizer's count of its deltas.
+	StreamUsageCountDeltas StreamUsage = "CountDeltas"
+)
+
 // QueueingStrategy says in which order a tenant's batch jobs may start (the
 // names of Kueue's ClusterQueue queueingStrategy).
 // +kubebuilder:validation:Enum=BestEffortFIFO;StrictFIFO
@@ -120,6 +134,20 @@ type UpstreamSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3600
 	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+
+	// streamUsage says how the scheduler learns the tokens a streamed call
+	// used, to settle the tenant's charge. IncludeUsage (the default): on a
+	// streamed call whose client did not ask for usage, the scheduler adds
+	// stream_options.include_usage to the body it sends upstream, settles
+	// from the provider's usage chunk and does not forward that chunk.
+	// CountDeltas: the body goes upstream as the client sent it, and a
+	// stream that ends without a usage chunk is settled from the tokenizer's
+	// count (cl100k_base) of its delta text; for OpenAI-compatible providers
+	// that refuse stream_options (older Azure OpenAI API versions answer 400
+	// unknown_parameter to every streamed call).
+	// +optional
+	// +kubebuilder:default=IncludeUsage
+	StreamUsage StreamUsage `json:"streamUsage,omitempty"`
 }
 
 // ModelSpec is one model the pool serves, with optional quota hints used

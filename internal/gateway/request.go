@@ -31,6 +31,10 @@ type request struct {
 	// clientUsage: the client asked for the streaming usage chunk
 	// (stream_options.include_usage).
 	clientUsage bool
+	// askUsage: the gateway adds stream_options.include_usage upstream (a
+	// stream whose client did not ask, on a pool whose streamUsage is
+	// IncludeUsage).
+	askUsage bool
 	// promptTokens estimated with cl100k_base; maxOutput is the output
 	// reservation (BC-28b/c), times n choices.
 	promptTokens, maxOutput int64
@@ -289,6 +293,8 @@ func parseRequest(endpoint string, body []byte, pool *registry.PoolPolicy, pc pr
 			}
 		}
 	}
+	req.askUsage = req.stream && !req.clientUsage && endpoint != endpointEmbeddings &&
+		pool.StreamUsage != registry.StreamUsageCountDeltas
 	var err error
 	switch endpoint {
 	case endpointChat:
@@ -755,14 +761,15 @@ func inputTokens(raw json.RawMessage, pc promptCounter) (int64, error) {
 
 // upstreamBody returns the body to send upstream. For a stream whose client
 // did not ask for usage it sets stream_options.include_usage=true so that
-// the usage chunk can refund the reservation (BC-24, BC-28a); injected
-// reports whether it did (the usage-only chunk is then not forwarded).
+// the usage chunk can refund the reservation (BC-24, BC-28a), unless the
+// pool's streamUsage is CountDeltas (askUsage); injected reports whether it
+// did (the usage-only chunk is then not forwarded).
 //
 // When the plan capped a request that set no output limit (injectMax), the
 // limit is sent as max_completion_tokens on chat completions and max_tokens
 // on completions.
 func (req *request) upstreamBody() (body []byte, injected bool, err error) {
-	injectUsage := req.stream && !req.clientUsage && req.endpoint != endpointEmbeddings
+	injectUsage := req.askUsage
 	if !injectUsage && !req.injectMax {
 		return req.body, false, nil
 	}

@@ -30,6 +30,7 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 		Generation:             p.Generation,
 		BaseURL:                s.Upstream.BaseURL,
 		Dialect:                string(s.Upstream.Dialect),
+		StreamUsage:            string(s.Upstream.StreamUsage),
 		ReservePercent:         defaultReservePercent,
 		CostModel:              limiter.CostModel{InputWeight: int64(s.CostModel.InputTokenWeight), OutputWeight: int64(s.CostModel.OutputTokenWeight), KVBlockTokens: int64(s.CostModel.KVBlockTokens)},
 		DefaultMaxOutputTokens: int64(s.CostModel.DefaultMaxOutputTokens),

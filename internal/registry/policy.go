@@ -56,6 +56,21 @@ const (
 	QueueingStrictFIFO = "StrictFIFO"
 )
 
+// How a pool learns the usage of a streamed call (PoolPolicy.StreamUsage,
+// ProviderPool spec.upstream.streamUsage).
+const (
+	// StreamUsageIncludeUsage: a streamed call whose client did not ask for
+	// usage is sent upstream with stream_options.include_usage set, and
+	// settled from the provider's usage chunk (brief "cost model": "the
+	// streaming usage chunk the gateway asks for"), which the client is not
+	// sent.
+	StreamUsageIncludeUsage = "IncludeUsage"
+	// StreamUsageCountDeltas: the body is sent as the client sent it; a
+	// stream without usage is settled from the count of its delta text
+	// (BC-28a), for providers that refuse stream_options.
+	StreamUsageCountDeltas = "CountDeltas"
+)
+
 // LookaheadJobs and MaxBypass are the fair queue's Lookahead and MaxBypass
 // under QueueingBestEffortFIFO (fairqueue.Config).
 const (
@@ -86,6 +101,10 @@ type PoolPolicy struct {
 	BaseURL string
 	// Dialect hint of the provider's rate-limit headers ("Auto", "OpenAI", ...).
 	Dialect string
+	// StreamUsage is StreamUsageIncludeUsage (the default) or
+	// StreamUsageCountDeltas: whether a streamed call is sent upstream with
+	// stream_options.include_usage added.
+	StreamUsage string
 	// Models served; requests for other models get 400 model_not_found.
 	Models []ModelPolicy
 	// ReservePercent of each model's quota kept for interactive calls, [0, 99].
@@ -175,6 +194,13 @@ func (p *PoolPolicy) Validate() error {
 	}
 	if p.Quantum <= 0 {
 		p.Quantum = DefaultQuantum
+	}
+	switch p.StreamUsage {
+	case "":
+		p.StreamUsage = StreamUsageIncludeUsage
+	case StreamUsageIncludeUsage, StreamUsageCountDeltas:
+	default:
+		return fmt.Errorf("upstream.streamUsage: unknown mode %q (IncludeUsage or CountDeltas)", p.StreamUsage)
 	}
 	switch p.QueueingStrategy {
 	case "":

@@ -485,3 +485,29 @@ func TestTenantEnqueueUsesItsQueueHandle(t *testing.T) {
 		t.Fatalf("queue after a's return: %+v", got)
 	}
 }
+
+// TestPoolStreamUsage: upstream.streamUsage defaults to IncludeUsage,
+// CountDeltas is kept, and an unknown mode is refused naming the field
+// while the committed policy stays.
+func TestPoolStreamUsage(t *testing.T) {
+	r := New(clocktesting.NewFakeClock(t0))
+	p := testPool()
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Pool().StreamUsage; got != StreamUsageIncludeUsage {
+		t.Errorf("default streamUsage %q, want %q", got, StreamUsageIncludeUsage)
+	}
+	p.StreamUsage = StreamUsageCountDeltas
+	if err := r.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	p.StreamUsage = "Guess"
+	err := r.SetPool(p)
+	if err == nil || !strings.Contains(err.Error(), "upstream.streamUsage") {
+		t.Fatalf("unknown mode: %v, want an error naming upstream.streamUsage", err)
+	}
+	if got := r.Pool().StreamUsage; got != StreamUsageCountDeltas {
+		t.Errorf("after a refused policy streamUsage is %q, want %q", got, StreamUsageCountDeltas)
+	}
+}
