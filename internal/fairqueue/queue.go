@@ -48,7 +48,7 @@ const Granularity = time.Second
 // A Job belongs to the queue from Enqueue (or Requeue) until Dequeue, Cancel
 // or Sweep returns it; the caller must not change it meanwhile. The queue
 // keeps 16 bytes of its own inside Job (ring position, deadline slot, bypass
-// count, queued flag).
+// count, flags).
 type Job struct {
 	ID, Tenant string
 	Cost       int64
@@ -60,6 +60,7 @@ type Job struct {
 	bypassed int32  // times overtaken through Lookahead while head
 	queued   bool
 	ticketed bool // in the deadline index
+	overtook bool // dispatched through Lookahead, past its tenant's head
 }
 
 // expiredAt reports whether the job's deadline is at or before now.
@@ -125,9 +126,8 @@ const (
 	// its quantum on this visit is divided by Config.DeprioritisedDivisor.
 	Deprioritised
 	// TenantIneligible: the tenant can start none of its jobs now, whatever
-	// their size or model (its concurrency or request rate binds, it is
-	// suspended, its budget is spent): as Ineligible, and Lookahead does not
-	// look past this job.
+	// their size or model (the scheduler: its concurrency or request rate
+	// binds): as Ineligible, and Lookahead does not look past this job.
 	TenantIneligible
 )
 
@@ -367,7 +367,10 @@ type Queue struct {
 	last        *Job
 	lastDeficit int64
 	lastHeadAt  int64
-	sink        int64 // written by warm so that its load is kept
+	// lastPassed is the head job the latest Dequeue's Lookahead passed over
+	// (its bypass count raised), nil when it returned the head.
+	lastPassed *Job
+	sink       int64 // written by warm so that its load is kept
 
 	buckets map[int64]*dbucket
 	bheap   bucketHeap
@@ -744,8 +747,10 @@ func (q *Queue) DequeueWith(now time.Time, eligible func(tenant string, head *Jo
 				t.deficit = pick.Cost // aging: served on this visit
 			}
 			if pick.Cost <= t.deficit {
-				if pick != t.first() {
-					t.first().bypassed++
+				q.lastPassed, pick.overtook = nil, pick != t.first()
+				if pick.overtook {
+					q.lastPassed = t.first()
+					q.lastPassed.bypassed++
 				}
 				q.last, q.lastDeficit, q.lastHeadAt = pick, t.deficit, t.headAt
 				t.deficit -= pick.Cost
@@ -873,6 +878,11 @@ func (q *Queue) fastForward() bool {
 // queue (the upstream refused it, e.g. 429) and gives back the deficit it was
 // charged, so it is not charged twice. Bounds do not apply (the job was
 // already admitted). A job that is queued is left alone.
+//
+// A job Lookahead dispatched past its tenant's head goes back behind that
+// head, which stays head with its wait as head kept; when it undoes the
+// latest Dequeue, the head's bypass count is given back too (nothing was
+// sent), so that the head is passed over at most MaxBypass times in all.
 func (q *Queue) Requeue(j *Job) {
 	if j == nil || j.ID == "" || j.Cost < 1 || j.queued {
 		return
@@ -885,6 +895,25 @@ func (q *Queue) Requeue(j *Job) {
 	undo := j == q.last && !t.active
 	last := j == q.last
 	q.last = nil
+	if h := t.first(); j.overtook && h != nil {
+		j.overtook = false
+		if last && h == q.lastPassed && h.bypassed > 0 {
+			h.bypassed--
+		}
+		q.lastPassed = nil
+		// In front, then swapped with the head it passed: second.
+		t.pushFront(j)
+		hs, js := h.pos&t.mask(), j.pos&t.mask()
+		t.ring[hs], t.ring[js] = j, h
+		h.pos, j.pos = j.pos, h.pos
+		q.added(t, j)
+		t.deficit += j.Cost
+		if last {
+			q.served -= j.Cost // the dispatch no longer counts on the aging clock
+		}
+		return
+	}
+	j.overtook = false
 	t.pushFront(j)
 	q.added(t, j)
 	t.headAt = q.served // the job is head again; its wait restarts

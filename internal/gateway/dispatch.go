@@ -299,10 +299,14 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				return fairqueue.Ineligible
 			}
 			// TenantIneligible where no job of the tenant could start
-			// either, so that the queue's lookahead (queueingStrategy
-			// BestEffortFIFO) does not test its next jobs in vain;
-			// Ineligible where a smaller job, or one for another model,
-			// might.
+			// either (its concurrency or request rate binds: the limiter
+			// checks them after the job's size, KV blocks and tokens), so
+			// that the queue's lookahead (queueingStrategy BestEffortFIFO)
+			// does not test its next jobs in vain; Ineligible where a
+			// smaller job, or one for another model, might. A refusal that
+			// is not retryable (suspension, a job larger than the bucket)
+			// fails the job, and the lookahead goes on to the next, which
+			// fails as well under suspension.
 			if skip[tenant] {
 				return fairqueue.TenantIneligible
 			}
@@ -336,7 +340,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				wakeAt = earliest(wakeAt, now.Add(rej.RetryAfter))
 			}
 			switch rej.Reason {
-			case limiter.ReasonConcurrency, limiter.ReasonRequestRate, limiter.ReasonSuspended:
+			case limiter.ReasonConcurrency, limiter.ReasonRequestRate:
 				return fairqueue.TenantIneligible
 			}
 			return fairqueue.Ineligible
