@@ -85,16 +85,21 @@ type bucket struct {
 	Counts
 }
 
-// Ring is one tenant's counts in 1-minute buckets over a window. Its
-// buckets (48 bytes each: 2,880 bytes for the default hour) are allocated by
-// the first Record, so a tenant that never sends a request costs only the
-// Ring header; after that Record is O(1) and allocates nothing. Safe for
-// concurrent use.
+// Ring is one tenant's counts in 1-minute buckets over a window. It keeps
+// only the minutes that had traffic (48 bytes each), in time order: a
+// tenant that never sends a request costs the Ring header alone, one that
+// sends a request now and then costs a bucket per minute it did so within
+// the window, and a busy one at most the window's buckets (2,880 bytes for
+// the default hour). The buckets are released once every one has left the
+// window (at the next Record or Window). Record is O(1) and allocates
+// nothing in the common case (the current minute's bucket exists, or its
+// slice has room). Safe for concurrent use.
 type Ring struct {
 	mu sync.Mutex
-	// n is the number of buckets, fixed at NewRing; buckets is nil until the
-	// first Record, then has length n.
-	n       int
+	// n is the window in buckets, fixed at NewRing.
+	n int
+	// buckets are the minutes with traffic, ascending, each within n
+	// minutes of the last; nil when there are none.
 	buckets []bucket
 }
 
@@ -120,42 +125,108 @@ func minuteOf(now time.Time) int64 {
 	return m
 }
 
-// slot returns the bucket of minute, allocating the buckets on first use
-// and clearing a bucket left from an earlier pass of the ring.
+// slot returns the bucket of minute, adding it in time order if there is
+// none, or nil when minute is at least the window's length before the
+// newest bucket (it can no longer be in a window that holds the newest).
+// A newer minute drops the buckets that left its window first. Callers hold
+// r.mu.
 func (r *Ring) slot(minute int64) *bucket {
-	if r.buckets == nil {
-		r.buckets = make([]bucket, r.n)
+	n := len(r.buckets)
+	if n > 0 {
+		last := r.buckets[n-1].minute
+		switch {
+		case minute == last:
+			return &r.buckets[n-1]
+		case minute < last:
+			return r.insert(minute)
+		}
+		r.expire(minute)
+		n = len(r.buckets)
 	}
-	n := int64(r.n)
-	b := &r.buckets[((minute%n)+n)%n]
-	if b.minute != minute {
-		*b = bucket{minute: minute}
-	}
-	return b
+	r.grow()
+	r.buckets = append(r.buckets, bucket{minute: minute})
+	return &r.buckets[n]
 }
 
-// Record adds c to the bucket of now. A bucket left from an earlier pass of
-// the ring is cleared first; a time older than the ring's window lands in
-// the slot of its minute and evicts what was there, so callers pass a
-// clock's current time.
+// grow makes room for one more bucket, doubling the slice's capacity up to
+// the window's length (the buckets, distinct minutes of one window, never
+// exceed it). Callers hold r.mu.
+func (r *Ring) grow() {
+	n := len(r.buckets)
+	if n < cap(r.buckets) {
+		return
+	}
+	grown := make([]bucket, n, max(min(2*n, r.n), n+1))
+	copy(grown, r.buckets)
+	r.buckets = grown
+}
+
+// insert returns the bucket of minute, older than the newest bucket,
+// inserting it in time order if there is none (a caller's time read just
+// before another's but recorded after it, at a minute's turn), or nil when
+// it is out of the newest bucket's window. Callers hold r.mu.
+func (r *Ring) insert(minute int64) *bucket {
+	n := len(r.buckets)
+	if minute <= r.buckets[n-1].minute-int64(r.n) {
+		return nil
+	}
+	i := n - 1 // the first bucket at or after minute
+	for i > 0 && r.buckets[i-1].minute >= minute {
+		i--
+	}
+	if r.buckets[i].minute == minute {
+		return &r.buckets[i]
+	}
+	r.grow()
+	r.buckets = append(r.buckets, bucket{})
+	copy(r.buckets[i+1:], r.buckets[i:n])
+	r.buckets[i] = bucket{minute: minute}
+	return &r.buckets[i]
+}
+
+// expire drops the buckets that are not in the window ending at minute
+// (those of minute-n or earlier), releasing the slice when none is left.
+// Callers hold r.mu.
+func (r *Ring) expire(minute int64) {
+	k := 0
+	for k < len(r.buckets) && r.buckets[k].minute <= minute-int64(r.n) {
+		k++
+	}
+	switch {
+	case k == len(r.buckets):
+		r.buckets = nil
+	case k > 0:
+		r.buckets = r.buckets[:copy(r.buckets, r.buckets[k:])]
+	}
+}
+
+// Record adds c to the bucket of now. A time older than the window ending
+// at the newest bucket is dropped, so callers pass a clock's current time.
 func (r *Ring) Record(now time.Time, c Counts) {
 	m := minuteOf(now)
 	r.mu.Lock()
-	r.slot(m).Add(c)
+	if b := r.slot(m); b != nil {
+		b.Add(c)
+	}
 	r.mu.Unlock()
 }
 
 // Window returns the sum of the buckets in the window ending at now: the
-// current minute and the len-1 minutes before it.
+// current minute and the n-1 minutes before it. Buckets that have left it
+// for good (older than the window ending at now, with now not before the
+// newest bucket) are released.
 func (r *Ring) Window(now time.Time) Counts {
 	m := minuteOf(now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if n := len(r.buckets); n > 0 && r.buckets[n-1].minute <= m {
+		r.expire(m)
+	}
 	n := int64(r.n)
 	var out Counts
 	for i := range r.buckets {
 		b := &r.buckets[i]
-		if b.minute <= m && b.minute > m-n && b.Active() {
+		if b.minute <= m && b.minute > m-n {
 			out.Add(b.Counts)
 		}
 	}
@@ -180,7 +251,9 @@ func (r *Ring) Resized(now time.Time, window time.Duration) *Ring {
 	for i := range r.buckets {
 		b := r.buckets[i]
 		if b.minute <= m && b.minute > m-n && b.Active() {
-			out.slot(b.minute).Add(b.Counts)
+			if nb := out.slot(b.minute); nb != nil {
+				nb.Add(b.Counts)
+			}
 		}
 	}
 	return out

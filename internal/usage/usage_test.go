@@ -1,6 +1,8 @@
 package usage
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -33,10 +35,90 @@ func TestRingWindow(t *testing.T) {
 			t.Errorf("Window(t0+%s) = %+v, want %+v", c.at, got, c.want)
 		}
 	}
-	// A later pass of the ring clears the slot it reuses.
-	r.Record(t0.Add(5*time.Minute), Counts{WeightedTokens: 1, Admitted: 1})
-	if got, want := r.Window(t0.Add(5*time.Minute)), (Counts{WeightedTokens: 58, Admitted: 3}); got != want {
-		t.Errorf("after reuse: %+v, want %+v", got, want)
+	// Minute 4, the newest, left the window at 9 minutes: the buckets are
+	// released, and a later Record starts afresh.
+	if r.buckets != nil {
+		t.Errorf("after the window passed every bucket: %d buckets kept, want none", len(r.buckets))
+	}
+	r.Record(t0.Add(10*time.Minute), Counts{WeightedTokens: 1, Admitted: 1})
+	if got, want := r.Window(t0.Add(10*time.Minute)), (Counts{WeightedTokens: 1, Admitted: 1}); got != want {
+		t.Errorf("after the release: %+v, want %+v", got, want)
+	}
+}
+
+// TestRingOutOfOrder: a Record whose time is older than the newest bucket
+// (read before another caller's, recorded after it) lands in its own
+// minute, in time order; one a whole window older than the newest is
+// dropped; Record of a newer minute drops the buckets that left its window.
+func TestRingOutOfOrder(t *testing.T) {
+	r := NewRing(5 * time.Minute)
+	r.Record(t0.Add(1*time.Minute), Counts{WeightedTokens: 1})
+	r.Record(t0.Add(4*time.Minute), Counts{WeightedTokens: 4})
+	r.Record(t0.Add(2*time.Minute), Counts{WeightedTokens: 2})     // inserted between
+	r.Record(t0.Add(0*time.Minute), Counts{WeightedTokens: 10})    // inserted first
+	r.Record(t0.Add(4*time.Minute), Counts{WeightedTokens: 40})    // the newest, again
+	r.Record(t0.Add(-1*time.Minute), Counts{WeightedTokens: 1000}) // 5 minutes before the newest: dropped
+	var minutes []int64
+	for _, b := range r.buckets {
+		minutes = append(minutes, b.minute-minuteOf(t0))
+	}
+	if got, want := fmt.Sprint(minutes), "[0 1 2 4]"; got != want {
+		t.Errorf("bucket minutes %s, want %s", got, want)
+	}
+	if got := r.Window(t0.Add(4 * time.Minute)).WeightedTokens; got != 10+1+2+4+40 {
+		t.Errorf("Window(4m) = %d, want 57", got)
+	}
+	r.Record(t0.Add(6*time.Minute), Counts{WeightedTokens: 6}) // minutes 0 and 1 leave
+	minutes = minutes[:0]
+	for _, b := range r.buckets {
+		minutes = append(minutes, b.minute-minuteOf(t0))
+	}
+	if got, want := fmt.Sprint(minutes), "[2 4 6]"; got != want {
+		t.Errorf("after minute 6: bucket minutes %s, want %s", got, want)
+	}
+}
+
+// TestRingMatchesReference: over 3 hours of records one to ninety seconds
+// apart, some read up to a minute before the previous one, and queries at
+// non-decreasing times, Window equals the sum of every record of its window
+// (a list of all records), and the ring never holds more buckets than the
+// window's minutes nor a capacity above it.
+func TestRingMatchesReference(t *testing.T) {
+	type rec struct {
+		minute int64
+		c      Counts
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, window := range []time.Duration{time.Minute, 2 * time.Minute, 7 * time.Minute, time.Hour} {
+		r := NewRing(window)
+		n := int64(windowBuckets(window))
+		var all []rec
+		now := t0
+		for i := range 4000 {
+			now = now.Add(time.Duration(1+rng.IntN(90)) * time.Second)
+			at := now
+			if rng.IntN(4) == 0 {
+				at = now.Add(-time.Duration(rng.IntN(60)) * time.Second)
+			}
+			c := Counts{WeightedTokens: int64(1 + rng.IntN(1000)), Admitted: 1}
+			r.Record(at, c)
+			all = append(all, rec{minuteOf(at), c})
+			if i%7 == 0 {
+				m := minuteOf(now)
+				var want Counts
+				for _, x := range all {
+					if x.minute <= m && x.minute > m-n {
+						want.Add(x.c)
+					}
+				}
+				if got := r.Window(now); got != want {
+					t.Fatalf("window %v, record %d: Window = %+v, want %+v", window, i, got, want)
+				}
+			}
+			if int64(len(r.buckets)) > n || int64(cap(r.buckets)) > n {
+				t.Fatalf("window %v: %d buckets, capacity %d; want at most %d", window, len(r.buckets), cap(r.buckets), n)
+			}
+		}
 	}
 }
 
@@ -213,8 +295,8 @@ func BenchmarkRingRecord(b *testing.B) {
 // TestRingAllocatesBucketsOnFirstRecord: a ring that never recorded holds
 // no buckets (a registry of idle tenants costs only the Ring headers), reads
 // as empty, keeps its span, and resizes without allocating; the first
-// Record allocates the window's 60 buckets, after which Record allocates
-// nothing.
+// Record allocates one bucket, a tenant busy every minute ends with the
+// window's 60 and no more capacity, after which Record allocates nothing.
 func TestRingAllocatesBucketsOnFirstRecord(t *testing.T) {
 	r := NewRing(time.Hour)
 	if r.buckets != nil {
@@ -234,13 +316,20 @@ func TestRingAllocatesBucketsOnFirstRecord(t *testing.T) {
 	}
 	c := Counts{WeightedTokens: 7, Admitted: 1}
 	r.Record(t0, c)
-	if len(r.buckets) != 60 {
-		t.Fatalf("after Record: %d buckets, want 60", len(r.buckets))
+	if len(r.buckets) != 1 || cap(r.buckets) != 1 {
+		t.Fatalf("after Record: %d buckets, capacity %d; want 1, 1", len(r.buckets), cap(r.buckets))
 	}
 	if got := r.Window(t0); got != c {
 		t.Errorf("Window = %+v, want %+v", got, c)
 	}
-	if n := testing.AllocsPerRun(100, func() { r.Record(t0.Add(time.Minute), c) }); n != 0 {
+	for i := range 120 {
+		r.Record(t0.Add(time.Duration(i)*time.Minute), c)
+	}
+	if len(r.buckets) != 60 || cap(r.buckets) != 60 {
+		t.Fatalf("busy every minute for 2 h: %d buckets, capacity %d; want 60, 60", len(r.buckets), cap(r.buckets))
+	}
+	next := t0.Add(120 * time.Minute)
+	if n := testing.AllocsPerRun(100, func() { r.Record(next, c); next = next.Add(time.Minute) }); n != 0 {
 		t.Errorf("Record allocates %v times once the buckets exist", n)
 	}
 }
