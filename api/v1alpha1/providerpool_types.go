@@ -142,9 +142,10 @@ type UpstreamSpec struct {
 	// from the provider's usage chunk and does not forward that chunk.
 	// CountDeltas: the body goes upstream as the client sent it, and a
 	// stream that ends without a usage chunk is settled from the tokenizer's
-	// count (cl100k_base) of its delta text; for OpenAI-compatible providers
-	// that refuse stream_options (older Azure OpenAI API versions answer 400
-	// unknown_parameter to every streamed call).
+	// count (cl100k_base) of its delta text; for OpenAI-compatible servers
+	// with strict request validation that refuse stream_options (a 400 or 422
+	// naming it on every streamed call: "Unknown parameter", "Extra inputs
+	// are not permitted").
 	// +optional
 	// +kubebuilder:default=IncludeUsage
 	StreamUsage StreamUsage `json:"streamUsage,omitempty"`

@@ -12,9 +12,9 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
-// refusesStreamOptions is a provider that does not know stream_options, as
-// Azure OpenAI API versions before 2024-09-01 answer: 400 unknown_parameter
-// to any body that carries it; otherwise it streams n deltas " x" (one
+// refusesStreamOptions is an OpenAI-compatible server with strict request
+// validation that does not know stream_options: 400 unknown_parameter to
+// any body that carries it; otherwise it streams n deltas " x" (one
 // cl100k token each), a finish chunk and [DONE], never a usage chunk.
 func refusesStreamOptions(n int) func(w http.ResponseWriter, r *http.Request, body []byte) {
 	return func(w http.ResponseWriter, r *http.Request, body []byte) {
