@@ -24,19 +24,23 @@ func main() {
 		Simulator: framework.SimulatorOptions{Latency: 50 * time.Millisecond},
 		Out:       os.Stdout,
 	}
-	flag.IntVar(&o.BulkJobs, "bulk-jobs", 2000, "jobs in tenant bulk's import")
-	flag.IntVar(&o.SmallJobs, "small-jobs", 5, "jobs tenant small enqueues after the import")
-	flag.IntVar(&o.PremiumJobs, "premium-jobs", 300, "jobs tenant premium (weight 3) enqueues after the import")
-	flag.IntVar(&o.InteractiveCalls, "interactive-calls", 10, "interactive calls of small and of premium")
-	flag.IntVar(&o.MaxTokens, "max-tokens", 64, "max_tokens of every request")
-	flag.Int64Var(&o.Simulator.TokensPerMinute, "provider-tpm", 60000, "the simulated provider's tokens per minute")
-	flag.Int64Var(&o.Simulator.RequestsPerMinute, "provider-rpm", 1200, "the simulated provider's requests per minute")
-	flag.Int64Var(&o.Simulator.OutputTokens, "output-tokens", 32, "tokens the simulated provider generates per call")
-	flag.DurationVar(&o.ProgressEvery, "progress", 3*time.Second, "period of progress lines")
-	flag.DurationVar(&o.KubectlEvery, "kubectl", 15*time.Second, "period of `kubectl get tenantquotas`")
-	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound of the workload")
-	flag.StringVar(&o.WorkDir, "workdir", filepath.Join(framework.RepoRoot(), ".cache", "demo"), "folder for logs, kubeconfig and binaries")
-	flag.Parse()
+	// A flag set of its own: the libraries' flags on the default set (such as
+	// controller-runtime's -kubeconfig) do not apply to the demo, which
+	// starts its own control plane.
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs.IntVar(&o.BulkJobs, "bulk-jobs", 2000, "jobs in tenant bulk's import")
+	fs.IntVar(&o.SmallJobs, "small-jobs", 5, "jobs tenant small enqueues after the import")
+	fs.IntVar(&o.PremiumJobs, "premium-jobs", 300, "jobs tenant premium (weight 3) enqueues after the import")
+	fs.IntVar(&o.InteractiveCalls, "interactive-calls", 10, "interactive calls of small and of premium")
+	fs.IntVar(&o.MaxTokens, "max-tokens", 64, "max_tokens of every request")
+	fs.Int64Var(&o.Simulator.TokensPerMinute, "provider-tpm", 60000, "the simulated provider's tokens per minute")
+	fs.Int64Var(&o.Simulator.RequestsPerMinute, "provider-rpm", 1200, "the simulated provider's requests per minute")
+	fs.Int64Var(&o.Simulator.OutputTokens, "output-tokens", 32, "tokens the simulated provider generates per call")
+	fs.DurationVar(&o.ProgressEvery, "progress", 3*time.Second, "period of progress lines")
+	fs.DurationVar(&o.KubectlEvery, "kubectl", 15*time.Second, "period of the kubectl get tenantquotas lines")
+	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound of the workload")
+	fs.StringVar(&o.WorkDir, "workdir", filepath.Join(framework.RepoRoot(), ".cache", "demo"), "folder for logs, kubeconfig and binaries")
+	_ = fs.Parse(os.Args[1:]) // ExitOnError: exits on a bad flag
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
