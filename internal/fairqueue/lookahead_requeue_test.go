@@ -14,12 +14,7 @@ import (
 func TestRequeueOfLookaheadPick(t *testing.T) {
 	q := New(Config{Quantum: 10000, Lookahead: 8, MaxBypass: 4})
 	mustEnqueue(t, q, now0, job("A1", "A", 10), job("A2", "A", 10), job("A3", "A", 10))
-	a1Blocked := func(_ string, j *Job) Eligibility {
-		if j.ID == "A1" {
-			return Ineligible
-		}
-		return Eligible
-	}
+	a1Blocked := blocked("A1")
 	j, _ := q.DequeueWith(now0, a1Blocked)
 	if j == nil || j.ID != "A2" {
 		t.Fatalf("dispatched %v, want A2", j)
@@ -86,12 +81,7 @@ func TestBypassBoundAfterRequeue(t *testing.T) {
 func TestAgingWaitAfterLookaheadRequeue(t *testing.T) {
 	q := New(Config{Quantum: 100, Lookahead: 8, MaxBypass: 4, MaxWaitTokens: 1000})
 	mustEnqueue(t, q, now0, job("A1", "A", 10), job("A2", "A", 10), job("B1", "B", 500), job("B2", "B", 500), job("B3", "B", 500))
-	el := func(_ string, j *Job) Eligibility {
-		if j.ID == "A1" {
-			return Ineligible
-		}
-		return Eligible
-	}
+	el := blocked("A1")
 	for range 3 { // B is served 1,000 tokens while A1 is A's head
 		q.DequeueWith(now0, func(tn string, j *Job) Eligibility {
 			if tn == "A" {
@@ -124,12 +114,7 @@ func TestAgingWaitAfterLookaheadRequeue(t *testing.T) {
 func TestLateRequeueOfLookaheadPick(t *testing.T) {
 	q := New(Config{Quantum: 10000, Lookahead: 8, MaxBypass: 4})
 	mustEnqueue(t, q, now0, job("A1", "A", 10), job("A2", "A", 10), job("B1", "B", 10))
-	a1Blocked := func(_ string, j *Job) Eligibility {
-		if j.ID == "A1" {
-			return Ineligible
-		}
-		return Eligible
-	}
+	a1Blocked := blocked("A1")
 	a2, _ := q.DequeueWith(now0, a1Blocked)
 	if a2 == nil || a2.ID != "A2" {
 		t.Fatalf("dispatched %v, want A2", a2)
@@ -145,5 +130,15 @@ func TestLateRequeueOfLookaheadPick(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"A1", "A2"}, ids(drain(t, q, now0))); diff != "" {
 		t.Errorf("order (-want +got):\n%s", diff)
+	}
+}
+
+// blocked is an eligibility test under which only the job id cannot start.
+func blocked(id string) func(string, *Job) Eligibility {
+	return func(_ string, j *Job) Eligibility {
+		if j.ID == id {
+			return Ineligible
+		}
+		return Eligible
 	}
 }

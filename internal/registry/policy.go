@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -182,12 +183,8 @@ func (p *PoolPolicy) Validate() error {
 	if p.DefaultMaxOutputTokens <= 0 {
 		p.DefaultMaxOutputTokens = DefaultDefaultMaxOutputTokens
 	}
-	switch p.IdentMode {
-	case "":
-		p.IdentMode = IdentifyAPIKey
-	case IdentifyAPIKey, IdentifyTrustedHeader:
-	default:
-		return fmt.Errorf("tenantIdentification.mode: unknown mode %q", p.IdentMode)
+	if err := defaultOneOf("tenantIdentification.mode", &p.IdentMode, IdentifyAPIKey, IdentifyTrustedHeader); err != nil {
+		return err
 	}
 	if p.IdentHeader == "" {
 		p.IdentHeader = DefaultIdentHeader
@@ -195,19 +192,11 @@ func (p *PoolPolicy) Validate() error {
 	if p.Quantum <= 0 {
 		p.Quantum = DefaultQuantum
 	}
-	switch p.StreamUsage {
-	case "":
-		p.StreamUsage = StreamUsageIncludeUsage
-	case StreamUsageIncludeUsage, StreamUsageCountDeltas:
-	default:
-		return fmt.Errorf("upstream.streamUsage: unknown mode %q (IncludeUsage or CountDeltas)", p.StreamUsage)
+	if err := defaultOneOf("upstream.streamUsage", &p.StreamUsage, StreamUsageIncludeUsage, StreamUsageCountDeltas); err != nil {
+		return err
 	}
-	switch p.QueueingStrategy {
-	case "":
-		p.QueueingStrategy = QueueingBestEffortFIFO
-	case QueueingBestEffortFIFO, QueueingStrictFIFO:
-	default:
-		return fmt.Errorf("scheduler.queueingStrategy: unknown strategy %q (BestEffortFIFO or StrictFIFO)", p.QueueingStrategy)
+	if err := defaultOneOf("scheduler.queueingStrategy", &p.QueueingStrategy, QueueingBestEffortFIFO, QueueingStrictFIFO); err != nil {
+		return err
 	}
 	if p.MaxQueuedJobs <= 0 {
 		p.MaxQueuedJobs = DefaultMaxQueuedJobs
@@ -360,13 +349,24 @@ func (t *TenantPolicy) Validate() error {
 		if b.WeightedTokens < 0 {
 			return fmt.Errorf("budget.weightedTokens: %d is negative", b.WeightedTokens)
 		}
-		switch b.Period {
-		case "":
-			b.Period = BudgetMonth
-		case BudgetDay, BudgetMonth:
-		default:
-			return fmt.Errorf("budget.period: unknown period %q", b.Period)
+		if err := defaultOneOf("budget.period", &b.Period, BudgetMonth, BudgetDay); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// defaultOneOf sets *v to allowed[0], the default, when it is empty, and
+// returns an error naming field when it is none of allowed (a setting of
+// an enum the API server validates, read again here for callers that
+// build a policy by hand).
+func defaultOneOf(field string, v *string, allowed ...string) error {
+	if *v == "" {
+		*v = allowed[0]
+		return nil
+	}
+	if slices.Contains(allowed, *v) {
+		return nil
+	}
+	return fmt.Errorf("%s: unknown value %q (%s)", field, *v, strings.Join(allowed, " or "))
 }
