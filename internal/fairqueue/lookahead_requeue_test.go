@@ -142,3 +142,42 @@ func blocked(id string) func(string, *Job) Eligibility {
 		return Eligible
 	}
 }
+
+// TestRequeueOfLookaheadPickAfterItsHeadLeft: A2 is dispatched past A1
+// through Lookahead; while A2 is out (at the provider), A1 leaves the queue
+// (cancelled by its tenant, or dispatched once it fits). A2 is then
+// requeued (the provider answered 429): the job it passed is gone, so A2
+// goes back to its tenant's head, in front of A3, which came after it;
+// going "behind the head" would put it behind a younger job.
+func TestRequeueOfLookaheadPickAfterItsHeadLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		leave func(q *Queue, a1 *Job)
+	}{
+		{"cancelled", func(q *Queue, a1 *Job) {
+			if !q.Cancel(a1) {
+				t.Fatal("A1 was not queued")
+			}
+		}},
+		{"dispatched", func(q *Queue, _ *Job) {
+			if j, _ := q.DequeueWith(now0, nil); j == nil || j.ID != "A1" {
+				t.Fatalf("dispatched %v, want A1", j)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := New(Config{Quantum: 10000, Lookahead: 8, MaxBypass: 4})
+			a1 := job("A1", "A", 10)
+			mustEnqueue(t, q, now0, a1, job("A2", "A", 10), job("A3", "A", 10))
+			a2, _ := q.DequeueWith(now0, blocked("A1"))
+			if a2 == nil || a2.ID != "A2" {
+				t.Fatalf("dispatched %v, want A2", a2)
+			}
+			tc.leave(q, a1)
+			q.Requeue(a2)
+			if diff := cmp.Diff([]string{"A2", "A3"}, ids(drain(t, q, now0))); diff != "" {
+				t.Errorf("order after the requeue (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

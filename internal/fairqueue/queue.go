@@ -47,8 +47,8 @@ const Granularity = time.Second
 //
 // A Job belongs to the queue from Enqueue (or Requeue) until Dequeue, Cancel
 // or Sweep returns it; the caller must not change it meanwhile. The queue
-// keeps 16 bytes of its own inside Job (ring position, deadline slot, bypass
-// count, flags).
+// keeps 16 bytes of its own inside Job (ring position, deadline slot,
+// arrival number, bypass count, flags).
 type Job struct {
 	ID, Tenant string
 	Cost       int64
@@ -57,11 +57,16 @@ type Job struct {
 
 	pos      uint32 // absolute position in the tenant's ring; its slot is pos & mask
 	dpos     uint32 // absolute position of its ticket in its deadline bucket (when ticketed)
-	bypassed int32  // times overtaken through Lookahead while head
+	seq      uint32 // order of arrival (Enqueue; kept by Requeue), wrapping: see before
+	bypassed uint8  // times overtaken through Lookahead while head (at most MaxBypass)
 	queued   bool
 	ticketed bool // in the deadline index
 	overtook bool // dispatched through Lookahead, past its tenant's head
 }
+
+// before reports whether j was enqueued before k (their arrival numbers
+// within 2^31 of each other, as two jobs of one tenant's queue are).
+func (j *Job) before(k *Job) bool { return int32(j.seq-k.seq) < 0 }
 
 // expiredAt reports whether the job's deadline is at or before now.
 func (j *Job) expiredAt(now time.Time) bool {
@@ -81,8 +86,8 @@ func (j *Job) expiredAt(now time.Time) bool {
 //   - Lookahead: when a tenant's head job is ineligible, how many further jobs
 //     of that tenant Dequeue may consider (0: strictly FIFO per tenant).
 //   - MaxBypass: how many times a head job may be overtaken through Lookahead
-//     before it blocks its tenant until it is dispatched (below 1 means 4),
-//     which bounds the wait of a large job (BC-32).
+//     before it blocks its tenant until it is dispatched (below 1 means 4,
+//     above 255 means 255), which bounds the wait of a large job (BC-32).
 //   - DeprioritisedDivisor: a tenant whose job the eligibility test calls
 //     Deprioritised (over a soft limit) receives its quantum divided by this
 //     on that visit (below 1 means DefaultDeprioritisedDivisor), so while it
@@ -359,7 +364,8 @@ type Queue struct {
 	granted bool     // cur has received its quantum for this visit
 	nActive int
 	pass    uint64
-	served  int64 // weighted tokens dispatched so far (the aging clock)
+	served  int64  // weighted tokens dispatched so far (the aging clock)
+	seq     uint32 // arrival number of the latest job enqueued (Job.seq)
 
 	// last is the job the latest Dequeue returned and lastDeficit its
 	// tenant's deficit before that job was charged, so that Requeue can undo
@@ -398,6 +404,7 @@ func (cfg Config) normalized() Config {
 	if cfg.MaxBypass < 1 {
 		cfg.MaxBypass = 4
 	}
+	cfg.MaxBypass = min(cfg.MaxBypass, math.MaxUint8) // Job.bypassed
 	if cfg.DeprioritisedDivisor < 1 {
 		cfg.DeprioritisedDivisor = DefaultDeprioritisedDivisor
 	}
@@ -574,6 +581,8 @@ func (q *Queue) enqueue(now time.Time, t *tenantQ, j *Job) error {
 		t = q.tenant(j.Tenant)
 	}
 	j.bypassed = 0
+	q.seq++
+	j.seq = q.seq
 	t.pushBack(j)
 	q.added(t, j)
 	return nil
@@ -883,6 +892,9 @@ func (q *Queue) fastForward() bool {
 // head, which stays head with its wait as head kept; when it undoes the
 // latest Dequeue, the head's bypass count is given back too (nothing was
 // sent), so that the head is passed over at most MaxBypass times in all.
+// When the tenant's head is no longer a job that came before it (the head
+// it passed was dispatched, cancelled or expired meanwhile), it goes back
+// at the head like any other job, never behind a job that came after it.
 func (q *Queue) Requeue(j *Job) {
 	if j == nil || j.ID == "" || j.Cost < 1 || j.queued {
 		return
@@ -895,7 +907,7 @@ func (q *Queue) Requeue(j *Job) {
 	undo := j == q.last && !t.active
 	last := j == q.last
 	q.last = nil
-	if h := t.first(); j.overtook && h != nil {
+	if h := t.first(); j.overtook && h != nil && h.before(j) {
 		j.overtook = false
 		if last && h == q.lastPassed && h.bypassed > 0 {
 			h.bypassed--
@@ -914,6 +926,7 @@ func (q *Queue) Requeue(j *Job) {
 		return
 	}
 	j.overtook = false
+	q.lastPassed = nil
 	t.pushFront(j)
 	q.added(t, j)
 	t.headAt = q.served // the job is head again; its wait restarts
