@@ -315,7 +315,15 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."}})
 				return fairqueue.TenantIneligible
 			}
-			if ok, resetIn, _ := t.CheckBudget(now, qd.cost.Weighted); !ok && !t.Policy().DryRun {
+			if ok, resetIn, st := t.CheckBudget(now, qd.cost.Weighted); !ok && !t.Policy().DryRun {
+				if b := t.Policy().Budget; b != nil && qd.cost.Weighted > b.WeightedTokens {
+					// Larger than the whole budget (lowered since the job
+					// was queued): no period will ever admit it (BC-10), as
+					// submission would now answer.
+					e := budgetError(resetIn, st, b, qd.cost.Weighted)
+					out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}})
+					return fairqueue.Ineligible
+				}
 				wakeAt = earliest(wakeAt, now.Add(resetIn))
 				return fairqueue.Ineligible
 			}
