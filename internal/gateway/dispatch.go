@@ -289,13 +289,12 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 		var out []doomed
 		eligible := func(tenant string, head *fairqueue.Job) fairqueue.Eligibility {
 			qd := head.Value.(*queued)
-			if until, ok := blocked[qd.model]; ok {
-				if !head.Deadline.After(until) {
-					// The model resumes after this job's deadline: it can
-					// never be sent in time (BC-37).
-					out = append(out, doomed{head, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
-						Message: "The provider's quota is paused past the job's deadline; the job was not sent."}})
-				}
+			if _, ok := blocked[qd.model]; ok {
+				// The model's throttle refuses batch starts until then. A
+				// job whose deadline comes first stays queued and expires
+				// at its deadline, unsent (BC-37), not before: unless the
+				// provider paused the model the wait is an estimate, which
+				// refunds and the end of the interactive reserve shorten.
 				return fairqueue.Ineligible
 			}
 			// TenantIneligible where no job of the tenant could start
@@ -461,13 +460,8 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 	if aerr != nil {
 		switch aerr.code {
 		case codeUpstreamQuotaExhausted:
-			if !now.Add(aerr.retryAfter).Before(fj.Deadline) {
-				// A pause longer than the job's remaining deadline: expire
-				// it now rather than send it late (BC-37).
-				d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, jobs.Error{Code: jobCodeDeadline,
-					Message: "The provider's quota is paused past the job's deadline; the job was not sent."})
-				return -1, false
-			}
+			// Back at its tenant's head; it expires at its deadline if the
+			// throttle still refuses then (BC-37), never earlier.
 			requeue()
 			return aerr.retryAfter, false
 		case string(limiter.ReasonTooLarge), string(limiter.ReasonSuspended):

@@ -166,13 +166,21 @@ func TestJobsDispatchedByDeficitRoundRobin(t *testing.T) {
 }
 
 // TestBC37_DeadlineBeforePauseEndExpiresUnsent: a job with deadline NOW+30s
-// while the provider is paused until NOW+60s expires with zero upstream
-// calls, and is counted as expired, never charged.
+// while the provider is paused until NOW+60s stays queued until its
+// deadline and expires then (BC-37: at NOW+30s, within the sweep interval),
+// with zero upstream calls, counted as expired, never charged.
 func TestBC37_DeadlineBeforePauseEndExpiresUnsent(t *testing.T) {
 	up := newUpstream(t, okJSON(1, 1))
 	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(60000), WeightedBurst: i64(10000)})})
 	e.pause(60 * time.Second)
 	j := e.submit("key-a", jobBody(10, 100, `,"deadlineSeconds":30`))
+	waitFor(t, "the dispatcher to wait on its timer", e.clock.HasWaiters)
+	e.clock.Step(29 * time.Second)
+	waitFor(t, "the dispatcher to wait on its timer", e.clock.HasWaiters)
+	if st := e.storeStatus(j.ID); st != jobs.StatusQueued {
+		t.Fatalf("job at NOW+29s: %s, want queued until its deadline", st)
+	}
+	e.clock.Step(time.Second)
 	waitFor(t, "the job to expire", func() bool { return e.storeStatus(j.ID) == jobs.StatusExpired })
 	got := e.job("key-a", j.ID)
 	if got.Error == nil || got.Error.Code != "deadline_exceeded" || got.Attempts != 0 || got.StartedAt != nil {

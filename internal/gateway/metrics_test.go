@@ -56,9 +56,13 @@ func metricsScenario(t *testing.T, beforePause func(e *env)) *env {
 	if beforePause != nil {
 		beforePause(e)
 	}
-	// Expired job: the provider is paused past its deadline (BC-37).
+	// Expired job: the provider is paused past its deadline; it expires at
+	// its deadline, unsent (BC-37). The 30 s refill the bucket (60 a
+	// minute) from 70 to its burst, 100.
 	e.pause(60 * time.Second)
 	x := e.submit("key-a", jobBody(10, 20, `,"deadlineSeconds":30`))
+	waitFor(t, "the dispatcher to wait on its timer", e.clock.HasWaiters)
+	e.clock.Step(30 * time.Second)
 	waitFor(t, "the job to expire", func() bool { return e.storeStatus(x.ID) == jobs.StatusExpired })
 	waitFor(t, "the job to be counted", func() bool { return e.tenantSnap("a").Expired == 1 })
 	return e
@@ -90,10 +94,13 @@ fairshare_scheduler_upstream_remaining_tokens{model="gpt-test"} 999000
 // Tenant a: charged 30 (call) + 30 (job) + 30 (the expiring job, admitted by
 // its limits at dispatch, then refused by the paused throttle and refunded
 // in full) = 90; refunded 15 + 15 + 30 = 60; used 15 + 15 = 30 (charged
-// minus refunded); bucket 100 - 30 = 70. Tenant b: charged 2, used 15 (the
-// provider's usage), no limit. Admitted counts only calls that got an
-// upstream slot: the expiring job is not one. After the 429 that paused
-// the model its estimate is 0. The fake clock never moves, so every duration is 0.
+// minus refunded); bucket 100 - 30 = 70, refilled (60 a minute) to its
+// burst, 100, by the 30 s to the expiring job's deadline. Tenant b: charged
+// 2, used 15 (the provider's usage), no limit. Admitted counts only calls
+// that got an upstream slot: the expiring job is not one. After the 429
+// that paused the model its estimate is 0, and 30 s of the 60 s window
+// later half the limits: 5000 requests, 500000 tokens. The fake clock
+// moves only then, so every duration is 0.
 const metricsAfterScenario = `
 # HELP fairshare_scheduler_admitted_requests_total Upstream calls admitted by the tenant's limits, budget and the pool's throttle, by tenant and class (interactive, or batch: once per dispatch attempt of a job).
 # TYPE fairshare_scheduler_admitted_requests_total counter
@@ -158,7 +165,7 @@ fairshare_scheduler_tenant_queued_jobs{tenant="a"} 0
 fairshare_scheduler_tenant_queued_jobs{tenant="b"} 0
 # HELP fairshare_scheduler_tenant_remaining_weighted_tokens Weighted tokens left in the tenant's token bucket (absent when unlimited).
 # TYPE fairshare_scheduler_tenant_remaining_weighted_tokens gauge
-fairshare_scheduler_tenant_remaining_weighted_tokens{tenant="a"} 70
+fairshare_scheduler_tenant_remaining_weighted_tokens{tenant="a"} 100
 # HELP fairshare_scheduler_tenant_window_weighted_tokens Weighted tokens the tenant used over the pool's usage window (spec.usageMonitoring.windowSeconds), by tenant.
 # TYPE fairshare_scheduler_tenant_window_weighted_tokens gauge
 fairshare_scheduler_tenant_window_weighted_tokens{tenant="a"} 30
@@ -180,10 +187,10 @@ fairshare_scheduler_upstream_limit_tokens{model="gpt-test"} 1e+06
 fairshare_scheduler_upstream_paused{model="gpt-test"} 1
 # HELP fairshare_scheduler_upstream_remaining_requests Provider requests the provider's quota has left for the model (estimate; absent when unknown).
 # TYPE fairshare_scheduler_upstream_remaining_requests gauge
-fairshare_scheduler_upstream_remaining_requests{model="gpt-test"} 0
+fairshare_scheduler_upstream_remaining_requests{model="gpt-test"} 5000
 # HELP fairshare_scheduler_upstream_remaining_tokens Provider tokens the provider's quota has left for the model (estimate; absent when unknown).
 # TYPE fairshare_scheduler_upstream_remaining_tokens gauge
-fairshare_scheduler_upstream_remaining_tokens{model="gpt-test"} 0
+fairshare_scheduler_upstream_remaining_tokens{model="gpt-test"} 500000
 # HELP fairshare_scheduler_upstream_request_duration_seconds Time from sending an upstream call to its response headers, by model, in seconds; every call (interactive and batch) is observed, including 429s, errors and transport failures (measured to the failure).
 # TYPE fairshare_scheduler_upstream_request_duration_seconds histogram
 fairshare_scheduler_upstream_request_duration_seconds_bucket{model="gpt-test",le="0.05"} 3

@@ -785,7 +785,10 @@ func (t *Throttle) TryStart(now time.Time, providerTokens int64, p Priority) (Pe
 // before asking again, always > 0: while paused after a 429, until
 // PausedUntil plus this caller's jitter in [0, JitterWindow] (BC-05d, BC-11);
 // before a fixed-window reset, until the reset plus jitter; else until the
-// estimate covers the cost (and, for batch, the reserve).
+// estimate covers the cost (and, for batch, the reserve). A batch call
+// refused while the reserve holds is told to ask again when borrowing the
+// reserve begins (Config.BorrowAfter after the latest interactive call),
+// if that is sooner.
 //
 // The wait may be long (a provider Retry-After of days is honoured exactly,
 // BC-12): callers must compare it with their deadline and context and give
@@ -809,10 +812,13 @@ func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permi
 		return Permit{}, false, t.pausedUntil.Sub(now) + t.jitter()
 	}
 	pct := t.cfg.ReservePercent
+	var borrowIn time.Duration // > 0: batch may borrow the reserve after this long
 	if p != Batch {
 		pct = 0
-	} else if t.cfg.BorrowAfter > 0 && now.Sub(t.lastInteractive) >= t.cfg.BorrowAfter {
-		pct = 0
+	} else if t.cfg.BorrowAfter > 0 {
+		if borrowIn = t.lastInteractive.Add(t.cfg.BorrowAfter).Sub(now); borrowIn <= 0 {
+			pct = 0
+		}
 	}
 	ok, probe := true, false
 	var wait time.Duration
@@ -835,6 +841,12 @@ func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permi
 	if !ok {
 		if herd {
 			wait += t.jitter()
+		}
+		if pct > 0 && borrowIn > 0 {
+			// Held back by the reserve, perhaps: ask again when borrowing
+			// begins, if that is sooner (BC-39), rather than after the
+			// window's refill, past a batch job's deadline.
+			wait = min(wait, borrowIn)
 		}
 		return Permit{}, false, max(wait, minWait)
 	}

@@ -772,3 +772,24 @@ func TestThrottle_ConcurrentUse(t *testing.T) {
 		t.Fatalf("started %d, want in (0, 6000]", started)
 	}
 }
+
+// TestBatchWaitEndsWhenBorrowingBegins (BC-39, BC-37): 2 requests a minute,
+// half kept for interactive calls, batch borrows after 5 s without one. An
+// interactive call at NOW takes batch's share; a batch call refused at
+// NOW+1s is told to ask again at NOW+5s, when borrowing begins (not when the
+// window refills, 60 s later, past a batch job's deadline), and starts
+// then. Without BorrowAfter the wait is the window's refill.
+func TestBatchWaitEndsWhenBorrowingBegins(t *testing.T) {
+	th := New(Config{TokensPerMinuteHint: plentyOfTokens, RequestsPerMinuteHint: 2, ReservePercent: 50, BorrowAfter: 5 * time.Second, Rand: fixedRand(0)}, NOW)
+	mustStart(t, th, NOW, 1, Interactive)
+	if wait := mustRefuse(t, th, at(time.Second), 1, Batch); wait != 4*time.Second {
+		t.Errorf("batch wait at +1s = %v, want 4s (borrowing begins at +5s)", wait)
+	}
+	mustStart(t, th, at(5*time.Second), 1, Batch)
+
+	strict := New(Config{TokensPerMinuteHint: plentyOfTokens, RequestsPerMinuteHint: 2, ReservePercent: 50, Rand: fixedRand(0)}, NOW)
+	mustStart(t, strict, NOW, 1, Interactive)
+	if wait := mustRefuse(t, strict, at(time.Second), 1, Batch); wait <= 4*time.Second {
+		t.Errorf("batch wait without BorrowAfter = %v, want the window's refill (> 4s)", wait)
+	}
+}
