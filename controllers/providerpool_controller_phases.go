@@ -11,6 +11,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,7 +56,8 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 	for _, obj := range objs.List() {
 		existing := false
 		if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
-			if obj, existing, err = r.claimToApply(ctx, claim); err != nil {
+			var mismatch error
+			if obj, existing, mismatch, err = r.claimToApply(ctx, claim); err != nil {
 				if errors.Is(err, errClaimTerminating) {
 					// Applied again once it is gone (its deletion is an
 					// owned-object event); the rest still reaches the cluster.
@@ -63,6 +65,9 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 					continue
 				}
 				return objectsResult{applyErr: err}
+			}
+			if mismatch != nil {
+				claimErr = mismatch
 			}
 		}
 		var announceRoll func() // set for the Deployment: called once it is applied
@@ -143,34 +148,53 @@ var errClaimTerminating = errors.New("the job store claim is being deleted")
 // change (access modes and storage class are immutable on a claim): the
 // apply carries the claim's current access modes and storage class, so no
 // immutable field is ever sent with a different value, and the larger of the
-// current and the rendered storage request. The request is grown only on a
+// current and the rendered storage request. The one exception is a claim
+// without a class that is not bound yet (created while the pool set no class
+// and the cluster had no default one, so it is Pending): it takes the spec's
+// class, the one change of class the API server allows. A spec class that
+// differs from the claim's otherwise is returned as mismatch (the claim is
+// still applied as it is): reported in the pool's Ready condition. The request is grown only on a
 // Bound claim (the API server refuses to resize an unbound one); the claim
 // binding triggers a new reconcile (the operator watches its claims). The
 // storage class must allow volume expansion, or the apply is refused and
 // reported in the pool's Ready condition.
-func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, bool, error) {
+func (r *ProviderPoolReconciler) claimToApply(ctx context.Context, desired *corev1.PersistentVolumeClaim) (_ *corev1.PersistentVolumeClaim, existing bool, mismatch error, err error) {
 	cur := &corev1.PersistentVolumeClaim{}
 	if err := r.client.Get(ctx, client.ObjectKeyFromObject(desired), cur); err != nil {
 		if apierrors.IsNotFound(err) {
-			return desired, false, nil
+			return desired, false, nil, nil
 		}
-		return nil, false, fmt.Errorf("getting PersistentVolumeClaim %s: %w", client.ObjectKeyFromObject(desired), err)
+		return nil, false, nil, fmt.Errorf("getting PersistentVolumeClaim %s: %w", client.ObjectKeyFromObject(desired), err)
 	}
 	if !cur.DeletionTimestamp.IsZero() {
 		// Deleted by a switch to Memory (or by hand) and held by its
 		// pvc-protection finalizer: applying now would keep the old claim's
 		// access modes and class instead of creating the one asked for.
-		return nil, false, fmt.Errorf("%w: PersistentVolumeClaim %s; it is created again once it is gone", errClaimTerminating, client.ObjectKeyFromObject(cur))
+		return nil, false, nil, fmt.Errorf("%w: PersistentVolumeClaim %s; it is created again once it is gone", errClaimTerminating, client.ObjectKeyFromObject(cur))
 	}
 	out := desired.DeepCopy()
 	out.Spec.AccessModes = cur.Spec.AccessModes
 	out.Spec.StorageClassName = cur.Spec.StorageClassName
+	if want := desired.Spec.StorageClassName; want != nil && *want != "" {
+		switch {
+		case cur.Spec.StorageClassName == nil && cur.Spec.VolumeName == "":
+			// A claim created without a class (the pool set none and the
+			// cluster had no default StorageClass: it stays Pending) may be
+			// given one once; the API server allows that change only.
+			out.Spec.StorageClassName = ptr.To(*want)
+		case ptr.Deref(cur.Spec.StorageClassName, "") != *want:
+			// Applied as it is (its class cannot change), and reported.
+			mismatch = fmt.Errorf("PersistentVolumeClaim %s has storage class %q, not spec.scheduler.jobStore.storageClassName %q: "+
+				"a claim's class cannot change; set spec.scheduler.jobStore.type Memory, then Volume, to create the claim again (its jobs are lost)",
+				client.ObjectKeyFromObject(cur), ptr.Deref(cur.Spec.StorageClassName, ""), *want)
+		}
+	}
 	have := cur.Spec.Resources.Requests[corev1.ResourceStorage]
 	want := desired.Spec.Resources.Requests[corev1.ResourceStorage]
 	if cur.Status.Phase != corev1.ClaimBound || want.Cmp(have) <= 0 {
 		out.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: have}
 	}
-	return out, true, nil
+	return out, true, mismatch, nil
 }
 
 // deleteJobStoreClaim deletes the pool's job store claim, if any, when the

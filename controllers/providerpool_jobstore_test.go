@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -196,5 +197,68 @@ func TestProviderPoolJobStoreToMemory(t *testing.T) {
 	}
 	if s.JobStorePath != "" {
 		t.Errorf("settings jobStorePath = %q, want empty for Memory", s.JobStorePath)
+	}
+}
+
+// TestProviderPoolJobStoreClassSetLater: a claim created without a class (the
+// pool set none and the cluster has no default StorageClass, so it stays
+// Pending) takes the class the pool sets afterwards; a class that differs
+// from an existing claim's is not applied (a claim's class cannot change) and
+// is reported in the pool's Ready condition.
+func TestProviderPoolJobStoreClassSetLater(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	classOf := func(name string) string {
+		claim := &corev1.PersistentVolumeClaim{}
+		get(t, ns, name, claim)
+		return ptr.Deref(claim.Spec.StorageClassName, "<none>")
+	}
+	waitClaim := func(name string) {
+		eventually(t, "claim "+name, func() error {
+			return k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &corev1.PersistentVolumeClaim{})
+		})
+		if got := classOf(name); got != "<none>" {
+			t.Skipf("claim %s got storage class %q: the control plane has a default StorageClass", name, got)
+		}
+	}
+
+	late := makePool(ns, "late")
+	create(t, late)
+	waitClaim("late-scheduler")
+	updateWithRetry(t, late, func() { late.Spec.Scheduler.JobStore.StorageClassName = ptr.To("fast") })
+	eventually(t, "claim late-scheduler of class fast", func() error {
+		if got := classOf("late-scheduler"); got != "fast" {
+			return fmt.Errorf("storage class %q", got)
+		}
+		return nil
+	})
+	waitObserved(t, late)
+	if c := apimeta.FindStatusCondition(late.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason == v1alpha1.ReasonRenderFailed {
+		t.Errorf("Ready condition %+v, want no apply error", c)
+	}
+
+	// A claim that already has a class (as the DefaultStorageClass admission
+	// plugin gives it) keeps it, and the pool says so.
+	other := makePool(ns, "other")
+	create(t, other)
+	waitClaim("other-scheduler")
+	claim := &corev1.PersistentVolumeClaim{}
+	get(t, ns, "other-scheduler", claim)
+	claim.Spec.StorageClassName = ptr.To("standard")
+	if err := k8sClient.Update(context.Background(), claim); err != nil {
+		t.Fatal(err)
+	}
+	updateWithRetry(t, other, func() { other.Spec.Scheduler.JobStore.StorageClassName = ptr.To("fast") })
+	want := `has storage class "standard", not spec.scheduler.jobStore.storageClassName "fast"`
+	eventually(t, "Ready RenderFailed naming both classes", func() error {
+		get(t, ns, "other", other)
+		c := apimeta.FindStatusCondition(other.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Reason != v1alpha1.ReasonRenderFailed || !strings.Contains(c.Message, want) {
+			return fmt.Errorf("Ready condition %+v", c)
+		}
+		return nil
+	})
+	if got := classOf("other-scheduler"); got != "standard" {
+		t.Errorf("claim other-scheduler storage class %q, want standard (unchanged)", got)
 	}
 }

@@ -307,7 +307,10 @@ type JobStoreSpec struct {
 	Size *resource.Quantity `json:"size,omitempty"`
 
 	// storageClassName of the claim. Unset: the cluster's default
-	// StorageClass. Immutable once set.
+	// StorageClass. Immutable once set. Set later, it reaches a claim that
+	// has no class yet (Pending, in a cluster without a default class); one
+	// that differs from the existing claim's class is reported in the
+	// pool's Ready condition (a claim's class cannot change).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
