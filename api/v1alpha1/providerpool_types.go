@@ -334,9 +334,14 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Maximum=5
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// image of the scheduler container. Defaults to the operator's own image.
+	// image of the scheduler container, a full image reference such as
+	// registry.example.com/fairshare:v0.1.0 or ...@sha256:<digest> (the form
+	// the Helm chart's operator.schedulerImage accepts: no spaces, a
+	// lower-case repository path). Defaults to the operator's
+	// --scheduler-image.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^(([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(@[a-z0-9]+([+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+)?)?$`
 	Image string `json:"image,omitempty"`
 
 	// resources of the scheduler container. A cpu or memory limit below its
