@@ -345,7 +345,8 @@ type SchedulerSpec struct {
 	Image string `json:"image,omitempty"`
 
 	// resources of the scheduler container. A cpu or memory limit below its
-	// request is refused (the Deployment's Pods would be).
+	// request, or a negative quantity, is refused (the Deployment's Pods would
+	// be): the pool is Accepted=False InvalidSpec.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 

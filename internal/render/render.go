@@ -365,6 +365,19 @@ func validate(pool *v1alpha1.ProviderPool, opts Options) error {
 		errs = append(errs, errors.New("the operator has no scheduler ClusterRole to bind"))
 	}
 	if r := pool.Spec.Scheduler.Resources; r != nil {
+		// A negative quantity would be refused by the API server when the
+		// Deployment is applied, in the Deployment's terms; say it in the
+		// pool's.
+		for _, l := range []struct {
+			name string
+			list corev1.ResourceList
+		}{{"requests", r.Requests}, {"limits", r.Limits}} {
+			for _, k := range slices.Sorted(maps.Keys(l.list)) {
+				if q := l.list[k]; q.Sign() < 0 {
+					errs = append(errs, fmt.Errorf("spec.scheduler.resources.%s.%s (%s) must not be negative", l.name, k, q.String()))
+				}
+			}
+		}
 		// The API server refuses such a Pod template (a limit below its
 		// request); CEL cannot compare the quantities of an unbounded
 		// resource map within its cost budget, so it is checked here.

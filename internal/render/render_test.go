@@ -401,6 +401,17 @@ func TestRenderErrors(t *testing.T) {
 			t.Errorf("limits equal to requests in other units: %v", err)
 		}
 	})
+	t.Run("negative quantity", func(t *testing.T) {
+		pool := defaultPool()
+		pool.Spec.Scheduler.Resources = &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("-1"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+		}
+		_, err := Render(pool, testOptions)
+		want := "pool cannot be rendered: spec.scheduler.resources.requests.cpu (-1) must not be negative"
+		if !errors.Is(err, ErrInvalidPool) || err.Error() != want {
+			t.Errorf("Render error = %v, want %q", err, want)
+		}
+	})
 	t.Run("spec image without default", func(t *testing.T) {
 		pool := defaultPool()
 		pool.Spec.Scheduler.Image = "img:1"
