@@ -472,13 +472,18 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		return 0, false
 	}
 	seq := d.seq.Add(1)
+	// The pass's now is when the pass began: a pass starts many jobs (each
+	// with a store write), so the job's own start time is read here, or
+	// StartedAt and the queue wait would be early by the pass's length, and
+	// could even precede the submission of a job dispatched before it.
+	started := g.clock.Now()
 	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
 		if j.Status != jobs.StatusQueued {
 			return errors.New("job is no longer queued")
 		}
 		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
 		if j.StartedAt.IsZero() {
-			j.StartedAt, j.QueueWait = now, now.Sub(j.CreatedAt)
+			j.StartedAt, j.QueueWait = started, started.Sub(j.CreatedAt)
 			g.metrics.ObserveQueueWait(j.QueueWait)
 		}
 		return nil

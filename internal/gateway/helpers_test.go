@@ -124,6 +124,7 @@ type envConfig struct {
 	pool        registry.PoolPolicy
 	concurrency int
 	maxResp     int64 // Options.MaxResponseBytes; 0: the default
+	wrapStore   func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store
 }
 
 type envOption func(*envConfig)
@@ -134,6 +135,11 @@ func withPool(f func(p *registry.PoolPolicy)) envOption {
 
 func withConcurrency(n int) envOption {
 	return func(c *envConfig) { c.concurrency = n }
+}
+
+// withStore gives the gateway the store f returns around the env's MemStore.
+func withStore(f func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store) envOption {
+	return func(c *envConfig) { c.wrapStore = f }
 }
 
 func withMaxResponseBytes(n int64) envOption {
@@ -160,7 +166,11 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 	reg.SetTenantsSynced()
 	prom := prometheus.NewRegistry()
 	store := jobs.NewMemStore(fc, 0, 0)
-	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", Store: store, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
+	var gwStore jobs.Store = store
+	if cfg.wrapStore != nil {
+		gwStore = cfg.wrapStore(store, fc)
+	}
+	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
 		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) }), Rand: func() float64 { return 0 }})
 	srv := httptest.NewServer(gw)
 	ctx, cancel := context.WithCancel(context.Background())
