@@ -39,11 +39,23 @@ func main() {
 	fs.DurationVar(&o.ProgressEvery, "progress", 3*time.Second, "period of progress lines")
 	fs.DurationVar(&o.KubectlEvery, "kubectl", 15*time.Second, "period of the kubectl get tenantquotas lines")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound of the workload")
+	keep := fs.Bool("keep", false, "after the outcome, keep the control plane, operator, scheduler and simulator running until Ctrl-C, to look around with kubectl and helm")
 	fs.StringVar(&o.WorkDir, "workdir", filepath.Join(framework.RepoRoot(), ".cache", "demo"), "folder for logs, kubeconfig and binaries")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: exits on a bad flag
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *keep {
+		o.Hold = func(ctx context.Context, env *framework.Env, out *scenario.Outcome) {
+			out.Print(os.Stdout)
+			fmt.Printf("\nEverything keeps running until Ctrl-C. In another terminal:\n"+
+				"  export KUBECONFIG=%s\n  kubectl get fairshare -n %s\n"+
+				"The scheduler's gateway is %s (tenants by the X-Fairshare-Tenant header), its metrics %s.\n",
+				env.CP.Kubeconfig, scenario.Namespace, env.SchedulerURL, env.SchedulerMetricsURL)
+			<-ctx.Done()
+			fmt.Println("\nstopping every process the demo started")
+		}
+	}
 	_ = os.RemoveAll(o.WorkDir)
 	out, err := scenario.Run(ctx, o)
 	if errors.Is(err, scenario.ErrInterrupted) {
@@ -51,7 +63,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "logs are in", o.WorkDir)
 		os.Exit(130)
 	}
-	if out != nil {
+	if out != nil && !(*keep && err == nil) { // with -keep, Hold printed it
 		out.Print(os.Stdout)
 	}
 	if err != nil {

@@ -46,6 +46,10 @@ type Options struct {
 	Timeout time.Duration
 	// Out receives progress; nil discards it.
 	Out io.Writer
+	// Hold, when set, is called with the outcome once the workload has
+	// finished, before anything is stopped (the demo's -keep: everything
+	// stays up until Hold returns); ctx is Run's.
+	Hold func(ctx context.Context, env *framework.Env, out *Outcome)
 }
 
 // Namespace of the scenario's objects.
@@ -122,6 +126,9 @@ func Run(ctx context.Context, o Options) (*Outcome, error) {
 			return nil, fmt.Errorf("%w (%v)", ErrInterrupted, err)
 		}
 		return r.outcome, fmt.Errorf("%w\nscheduler log tail:\n%s", err, env.Scheduler.Tail(40))
+	}
+	if o.Hold != nil {
+		o.Hold(parent, env, r.outcome)
 	}
 	return r.outcome, nil
 }
