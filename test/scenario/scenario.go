@@ -81,7 +81,7 @@ type Outcome struct {
 	// BulkRemainingWhenSmallDone counts bulk jobs not yet finished when small's last job finished.
 	BulkRemainingWhenSmallDone int
 	// PremiumToBulkRatio is premium's weighted tokens over bulk's among the jobs dispatched
-	// while both had jobs waiting in the queue.
+	// while both had jobs waiting in the queue; -1 when they never were both backlogged.
 	PremiumToBulkRatio float64
 	// Upstream429 is the count of 429s the simulator sent.
 	Upstream429 int64
@@ -480,7 +480,8 @@ func dispatchedBefore(all map[string][]Job, tenant []Job) int {
 
 // backloggedRatio is a's weighted tokens over b's, counting only the jobs
 // dispatched while both a and b had other jobs waiting in the queue: the
-// share the fair queue gave them under contention.
+// share the fair queue gave them under contention; -1 when no job of b
+// was dispatched while both were backlogged.
 func backloggedRatio(a, b []Job) float64 {
 	waiting := func(js []Job, self Job, t time.Time) bool {
 		for _, j := range js {
@@ -504,7 +505,7 @@ func backloggedRatio(a, b []Job) float64 {
 	}
 	sa, sb := sum(a, b), sum(b, a)
 	if sb == 0 {
-		return 0
+		return -1 // b never ran while both were backlogged: no ratio
 	}
 	return float64(sa) / float64(sb)
 }
@@ -595,6 +596,12 @@ func (o *Outcome) Print(w io.Writer) {
 	fmt.Fprintf(w, "small enqueued when %d jobs had been dispatched; its jobs were dispatched at positions %v of the pool's dispatch order\n",
 		o.SmallEnqueuedAfter, o.SmallPositions)
 	fmt.Fprintf(w, "when small's last job finished, %d of bulk's jobs were still to finish\n", o.BulkRemainingWhenSmallDone)
-	fmt.Fprintf(w, "premium (weight 3) got %.2fx the tokens of bulk (weight 1) while both were backlogged\n", o.PremiumToBulkRatio)
+	if o.PremiumToBulkRatio < 0 {
+		// A smaller run (-bulk-jobs, -premium-jobs) where the two queues
+		// never overlapped: no ratio to show.
+		fmt.Fprintln(w, "premium and bulk were never both backlogged: no token ratio to compare with their weights")
+	} else {
+		fmt.Fprintf(w, "premium (weight 3) got %.2fx the tokens of bulk (weight 1) while both were backlogged\n", o.PremiumToBulkRatio)
+	}
 	fmt.Fprintf(w, "upstream 429s from the provider: %d\n", o.Upstream429)
 }
