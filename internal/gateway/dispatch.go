@@ -280,6 +280,10 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	}
 	skip := map[string]bool{} // tenants whose admission raced this pass
 	for ctx.Err() == nil {
+		// Each job is admitted, started and timed (StartedAt, queue wait)
+		// at its own time: one pass may start many jobs, each with a store
+		// write, and the pass's start would be early by the pass's length.
+		now = g.clock.Now()
 		if slots, borrowAt := d.batchSlots(now); len(g.sem) >= slots {
 			// Woken when a slot is released, or when borrowing the
 			// reserved slots begins.
@@ -472,18 +476,13 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		return 0, false
 	}
 	seq := d.seq.Add(1)
-	// The pass's now is when the pass began: a pass starts many jobs (each
-	// with a store write), so the job's own start time is read here, or
-	// StartedAt and the queue wait would be early by the pass's length, and
-	// could even precede the submission of a job dispatched before it.
-	started := g.clock.Now()
 	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
 		if j.Status != jobs.StatusQueued {
 			return errors.New("job is no longer queued")
 		}
 		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
 		if j.StartedAt.IsZero() {
-			j.StartedAt, j.QueueWait = started, started.Sub(j.CreatedAt)
+			j.StartedAt, j.QueueWait = now, now.Sub(j.CreatedAt)
 			g.metrics.ObserveQueueWait(j.QueueWait)
 		}
 		return nil
