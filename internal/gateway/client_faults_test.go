@@ -371,6 +371,13 @@ func TestClientSlowReaderBoundedMemory(t *testing.T) {
 	const frames = 400_000
 	up := newFaultSim(t, providersim.Config{OutputTokens: frames})
 	e := newClientEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})}, Options{}, ServerOptions{})
+	// The stream takes tens of seconds under the race detector on a busy
+	// host: the env's 60 s upstream timeout would cut it.
+	pool := *e.reg.Pool()
+	pool.UpstreamTimeout = 10 * time.Minute
+	if err := e.reg.SetPool(pool); err != nil {
+		t.Fatal(err)
+	}
 	// The tokenizer's vocabulary (about 3.5 MB live) is loaded by the
 	// first count; load it before the baseline.
 	if _, err := tokencount.Text("warm"); err != nil {
