@@ -225,6 +225,16 @@ func TestSetTenantConditions(t *testing.T) {
 	notReadyPool := &v1alpha1.ProviderPool{}
 	notReadyPool.Name = "pool"
 	holder := tenant("first", "x", t0)
+	invalidPool := notReadyPool.DeepCopy()
+	invalidPool.Status.Conditions = []metav1.Condition{
+		{Type: v1alpha1.ConditionAccepted, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonInvalidSpec, Message: "spec.models: ..."},
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed},
+	}
+	progressingPool := notReadyPool.DeepCopy()
+	progressingPool.Status.Conditions = []metav1.Condition{
+		{Type: v1alpha1.ConditionAccepted, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAccepted},
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing, Message: "0 of 1 replicas available"},
+	}
 	tests := map[string]struct {
 		pool         *v1alpha1.ProviderPool
 		holder       *v1alpha1.TenantQuota
@@ -250,6 +260,16 @@ func TestSetTenantConditions(t *testing.T) {
 			pool:         notReadyPool,
 			wantAccepted: metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAccepted, Message: `Tenant "x" accepted on ProviderPool "pool"`},
 			wantReady:    metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotReady, Message: `ProviderPool "pool" is not Ready`},
+		},
+		"pool invalid": {
+			pool:         invalidPool,
+			wantAccepted: metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAccepted, Message: `Tenant "x" accepted on ProviderPool "pool"`},
+			wantReady:    metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotReady, Message: `ProviderPool "pool" is not Ready: its Accepted condition is False (InvalidSpec); see kubectl describe providerpool pool`},
+		},
+		"pool progressing": {
+			pool:         progressingPool,
+			wantAccepted: metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAccepted, Message: `Tenant "x" accepted on ProviderPool "pool"`},
+			wantReady:    metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPoolNotReady, Message: `ProviderPool "pool" is not Ready (SchedulerProgressing); see kubectl describe providerpool pool`},
 		},
 		"ready": {
 			pool:         readyPool,

@@ -112,6 +112,22 @@ func setTenantAcceptedCondition(tq *v1alpha1.TenantQuota, pool *v1alpha1.Provide
 	setCondition(&tq.Status.Conditions, cond, now)
 }
 
+// poolNotReadyWhy names the reason of a pool that is not Ready, for the
+// tenant's Ready message: its Accepted condition's when that is False (an
+// invalid spec), else its Ready condition's; "" when the pool has neither.
+// Only the reason, not the pool's message: a pool's message may change
+// often (replica counts), and every tenant of the pool would be written
+// again with it.
+func poolNotReadyWhy(pool *v1alpha1.ProviderPool) string {
+	if c := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionAccepted); c != nil && c.Status == metav1.ConditionFalse {
+		return fmt.Sprintf(": its Accepted condition is False (%s); see kubectl describe providerpool %s", c.Reason, pool.Name)
+	}
+	if c := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason != "" {
+		return fmt.Sprintf(" (%s); see kubectl describe providerpool %s", c.Reason, pool.Name)
+	}
+	return ""
+}
+
 // setTenantReadyCondition sets the tenant's Ready condition from its Accepted
 // condition (set first by setTenantAcceptedCondition) and the pool's Ready
 // condition: False NotAccepted, False PoolNotReady, or True PoolReady.
@@ -127,7 +143,7 @@ func setTenantReadyCondition(tq *v1alpha1.TenantQuota, pool *v1alpha1.ProviderPo
 		cond.Message = "TenantQuota is not Accepted"
 	case !poolReady(pool):
 		cond.Reason = v1alpha1.ReasonPoolNotReady
-		cond.Message = fmt.Sprintf("ProviderPool %q is not Ready", tq.Spec.PoolRef.Name)
+		cond.Message = fmt.Sprintf("ProviderPool %q is not Ready", tq.Spec.PoolRef.Name) + poolNotReadyWhy(pool)
 	default:
 		cond.Status = metav1.ConditionTrue
 		cond.Reason = v1alpha1.ReasonPoolReady
