@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -22,12 +24,23 @@ type Option func(*options)
 type options struct {
 	clock  clock.PassiveClock
 	render render.Options
+	// apiReader reads past the cache (nil: no such reads).
+	apiReader client.Reader
+	// secretRecheck is how often a pool whose provider Secret is missing is
+	// looked at again.
+	secretRecheck time.Duration
 }
+
+// DefaultProviderSecretRecheck is how often the ProviderPoolReconciler looks
+// again for a pool's missing provider Secret (the operator may GET Secrets
+// but not watch them, so their creation does not trigger a reconcile).
+const DefaultProviderSecretRecheck = 30 * time.Second
 
 func newOptions(opts []Option) options {
 	o := options{
-		clock:  clock.RealClock{},
-		render: render.Options{SchedulerClusterRole: render.DefaultSchedulerClusterRole},
+		clock:         clock.RealClock{},
+		render:        render.Options{SchedulerClusterRole: render.DefaultSchedulerClusterRole},
+		secretRecheck: DefaultProviderSecretRecheck,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -47,6 +60,25 @@ func WithClock(c clock.PassiveClock) Option {
 // and render.DefaultSchedulerClusterRole.
 func WithRenderOptions(r render.Options) Option {
 	return func(o *options) { o.render = r }
+}
+
+// WithAPIReader sets the reader the ProviderPoolReconciler uses for the
+// objects it may GET but does not cache or watch: the metadata of the
+// pool's provider Secret (pass the manager's GetAPIReader()). Without it
+// a missing provider Secret is not reported.
+func WithAPIReader(r client.Reader) Option {
+	return func(o *options) { o.apiReader = r }
+}
+
+// WithProviderSecretRecheck sets how often a pool whose provider Secret is
+// missing is reconciled again (default DefaultProviderSecretRecheck; <= 0
+// keeps the default).
+func WithProviderSecretRecheck(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.secretRecheck = d
+		}
+	}
 }
 
 // CacheByObject restricts the manager's cache of the kinds the operator owns

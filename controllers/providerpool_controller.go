@@ -88,6 +88,7 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	objs := r.reconcileObjects(ctx, pool)
+	objs.providerSecret = r.providerSecretProblem(ctx, pool)
 	desired := computePoolStatus(pool, objs, conditionTime(r.clock))
 
 	if err := r.reconcileStatus(ctx, pool, desired); err != nil {
@@ -95,6 +96,10 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return res, nil
 		}
 		return ctrl.Result{}, errors.Join(objs.applyErr, err)
+	}
+	if objs.providerSecret != "" && objs.applyErr == nil {
+		// Secrets are not watched: look again for the missing one.
+		return ctrl.Result{RequeueAfter: r.secretRecheck}, nil
 	}
 	return ctrl.Result{}, objs.applyErr
 }

@@ -28,6 +28,36 @@ type objectsResult struct {
 	renderErr error
 	// applyErr is the first server-side apply error.
 	applyErr error
+	// providerSecret says why the pool's provider Secret cannot give the
+	// scheduler its key ("" when it can, or is not known not to):
+	// providerSecretProblem.
+	providerSecret string
+}
+
+// providerSecretProblem returns why the Secret the pool's
+// spec.upstream.credentialsSecretRef names cannot give the scheduler's pods
+// their provider key: a message when it does not exist, "" when it exists,
+// when the pool names none or without an API reader (WithAPIReader). It
+// reads the Secret's metadata only, past the cache (the operator may GET
+// Secrets but neither list nor watch them, and never reads the key); a read
+// that fails otherwise is logged and reported as "".
+func (r *ProviderPoolReconciler) providerSecretProblem(ctx context.Context, pool *v1alpha1.ProviderPool) string {
+	ref := pool.Spec.Upstream.CredentialsSecretRef
+	if ref == nil || r.apiReader == nil {
+		return ""
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	key := client.ObjectKey{Namespace: pool.Namespace, Name: ref.Name}
+	switch err := r.apiReader.Get(ctx, key, m); {
+	case err == nil:
+		return ""
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("Secret %s (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key", key)
+	default:
+		ctrl.LoggerFrom(ctx).V(1).Info("could not read the provider Secret's metadata", "secret", key, "error", err.Error())
+		return ""
+	}
 }
 
 // reconcileObjects renders the pool's objects and applies each one with

@@ -18,7 +18,7 @@ import (
 func computePoolStatus(pool *v1alpha1.ProviderPool, objs objectsResult, now metav1.Time) *v1alpha1.ProviderPool {
 	desired := pool.DeepCopy()
 	setAcceptedCondition(desired, objs.renderErr, now)
-	setReadyCondition(desired, objs.deployment, errors.Join(objs.renderErr, objs.applyErr), now)
+	setReadyCondition(desired, objs.deployment, errors.Join(objs.renderErr, objs.applyErr), objs.providerSecret, now)
 	desired.Status.ObservedGeneration = pool.Generation
 	return desired
 }
@@ -49,8 +49,11 @@ func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now meta
 //   - False SchedulerProgressing while the Deployment is unknown or its
 //     controller has not observed its current generation;
 //   - True SchedulerAvailable when status.availableReplicas reaches
-//     requiredAvailable(deployment), else False SchedulerProgressing.
-func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, now metav1.Time) {
+//     requiredAvailable(deployment);
+//   - else False ProviderSecretNotFound, with secretProblem as message, when
+//     that is not "" (the pods cannot start without the provider Secret),
+//     or False SchedulerProgressing.
+func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, secretProblem string, now metav1.Time) {
 	cond := metav1.Condition{
 		Type:               v1alpha1.ConditionReady,
 		Status:             metav1.ConditionFalse,
@@ -72,6 +75,9 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 			cond.Status = metav1.ConditionTrue
 			cond.Reason = v1alpha1.ReasonSchedulerAvailable
 		}
+	}
+	if cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonSchedulerProgressing && secretProblem != "" {
+		cond.Reason, cond.Message = v1alpha1.ReasonProviderSecretNotFound, secretProblem
 	}
 	setCondition(&pool.Status.Conditions, cond, now)
 }

@@ -6,7 +6,10 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
@@ -73,4 +76,27 @@ func TestProviderPoolSecretRoleFollowsTenants(t *testing.T) {
 	updateWithRetry(t, b, func() { b.Spec.Credentials = nil })
 	eventually(t, "b without credentials: p1 Role has no rule", wantSecretRole(ns, "p1"))
 	eventually(t, "p2 Role unchanged", wantSecretRole(ns, "p2", "c-key"))
+}
+
+// TestProviderSecretMissingNamedInReady: a pool whose
+// spec.upstream.credentialsSecretRef names a Secret that does not exist is
+// Ready False ProviderSecretNotFound, the message naming the Secret (its
+// pods could not start: their provider key comes from it); once the Secret
+// is created (Secrets are not watched: the operator looks again every
+// recheck interval) it is SchedulerProgressing, then SchedulerAvailable.
+func TestProviderSecretMissingNamedInReady(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "keyless")
+	pool.Spec.Upstream.CredentialsSecretRef = &v1alpha1.SecretKeyRef{Name: "provider-key"}
+	create(t, pool)
+	eventually(t, "Ready=False ProviderSecretNotFound", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretNotFound))
+	c := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
+	if want := fmt.Sprintf("Secret %s/provider-key (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key", ns); c.Message != want {
+		t.Errorf("Ready message %q, want %q", c.Message, want)
+	}
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provider-key"}, StringData: map[string]string{"api-key": "k"}})
+	eventually(t, "Ready=False SchedulerProgressing", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing))
+	setDeploymentAvailable(t, ns, "keyless-scheduler", 1)
+	eventually(t, "Ready=True", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable))
 }

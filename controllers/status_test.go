@@ -137,7 +137,7 @@ func TestSetReadyCondition(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pool := &v1alpha1.ProviderPool{}
 			pool.Name, pool.Generation = "p", 4
-			setReadyCondition(pool, tc.deployment, tc.err, t0)
+			setReadyCondition(pool, tc.deployment, tc.err, "", t0)
 			want := tc.want
 			want.Type, want.ObservedGeneration, want.LastTransitionTime = v1alpha1.ConditionReady, 4, t0
 			if diff := cmp.Diff([]metav1.Condition{want}, pool.Status.Conditions); diff != "" {

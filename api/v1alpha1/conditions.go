@@ -39,6 +39,10 @@ const (
 	ReasonRenderFailed = "RenderFailed"
 	// ReasonSchedulerAvailable: the scheduler Deployment has its replicas available.
 	ReasonSchedulerAvailable = "SchedulerAvailable"
+	// ReasonProviderSecretNotFound (ProviderPool Ready False): the Secret
+	// spec.upstream.credentialsSecretRef names does not exist, so the
+	// scheduler's pods cannot start (their provider key comes from it).
+	ReasonProviderSecretNotFound = "ProviderSecretNotFound"
 	// ReasonSchedulerProgressing: the scheduler Deployment is not yet available.
 	ReasonSchedulerProgressing = "SchedulerProgressing"
 	// ReasonJobStoreNotShared (Warning event on the pool): replicas > 1 with a

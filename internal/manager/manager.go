@@ -138,7 +138,7 @@ func Run(ctx context.Context, args []string) error {
 // Setup registers both reconcilers with mgr, rendering pools with opts.
 func Setup(mgr ctrl.Manager, opts render.Options, extra ...controllers.Option) error {
 	recorder := mgr.GetEventRecorderFor(controllers.EventSource)
-	poolOpts := append([]controllers.Option{controllers.WithRenderOptions(opts)}, extra...)
+	poolOpts := append([]controllers.Option{controllers.WithRenderOptions(opts), controllers.WithAPIReader(mgr.GetAPIReader())}, extra...)
 	if err := controllers.NewProviderPoolReconciler(mgr.GetClient(), mgr.GetScheme(), recorder, poolOpts...).
 		SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up ProviderPool controller: %w", err)
