@@ -117,8 +117,8 @@ func FuzzSimpleDuration(f *testing.F) {
 }
 
 // FuzzRFC3339UTC: whatever the fast path accepts, time.Parse(time.RFC3339)
-// accepts as the same instant; resets read through it stay within
-// [0, MaxReset].
+// accepts as the same instant, and rfc3339UTCUnix reads as the same Unix
+// time; resets read through it stay within [0, MaxReset].
 func FuzzRFC3339UTC(f *testing.F) {
 	for _, s := range []string{"2026-01-01T00:00:05Z", "2026-01-01T00:00:05z", "2026-01-01t00:00:05Z", "2024-02-29T23:59:59Z",
 		"2023-02-29T00:00:00Z", "2000-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
@@ -133,6 +133,10 @@ func FuzzRFC3339UTC(f *testing.F) {
 			if err != nil || !want.Equal(at) || want.Location() != at.Location() {
 				t.Fatalf("parseRFC3339UTC(%q) = %v; time.Parse = %v, %v", s, at, want, err)
 			}
+		}
+		at, ok := parseRFC3339UTC(s)
+		if sec, uok := rfc3339UTCUnix(s); uok != ok || (ok && sec != at.Unix()) {
+			t.Fatalf("rfc3339UTCUnix(%q) = %d, %v; parseRFC3339UTC = %v (%d), %v", s, sec, uok, at, at.Unix(), ok)
 		}
 		if d, ok := parseResetValue(s, NOW); ok && (d < 0 || d > MaxReset) {
 			t.Fatalf("parseResetValue(%q) = %v, outside [0, MaxReset]", s, d)
@@ -158,4 +162,65 @@ func TestFastPathsTaken(t *testing.T) {
 	if _, ok := parseRFC3339UTC("2023-02-29T00:00:00Z"); ok {
 		t.Error("parseRFC3339UTC accepted 2023-02-29")
 	}
+}
+
+// FuzzParseLimit: the one-scan limit parser agrees with parseLimitSlow on
+// any value.
+func FuzzParseLimit(f *testing.F) {
+	for _, s := range []string{"100", "10, 10;w=1", "10;w=1", "0", "0000000000000001", "1000000000000000", "1000000000000001",
+		"9999999999999999", "10000000000000000", " 100", "100 ", "100 ,1", "1e3", "-1", "", ",", "1,", "12345678901234567,1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, ok := parseLimit(s)
+		if wv, wok := parseLimitSlow(s); v != wv || ok != wok {
+			t.Fatalf("parseLimit(%q) = %d, %v; parseLimitSlow = %d, %v", s, v, ok, wv, wok)
+		}
+	})
+}
+
+// FuzzParseResetValue: the integer fast paths of parseResetValue agree with
+// parseResetSlow (floats and time.Time) on any value, at instants with and
+// without a fraction of a second or a monotonic reading and far from the
+// epoch.
+func FuzzParseResetValue(f *testing.F) {
+	for _, s := range []string{"0", "60", "86400", "86401", "999999999", "1000000000", "1767225600", "1767225660", "1767312001",
+		"999999999999", "1000000000000", "1767225660500", "999999999999999", "1000000000000000", "0060", " 60", "60.5",
+		"6ms", "15ms", "6m0s", "1h30m", "24h", "24h0m1s", "999999h", "1.5s", "2026-01-01T00:00:05Z", "2026-01-02T00:00:00Z",
+		"2026-01-02T00:00:01Z", "1999-12-31T23:59:59Z", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "2024-02-29T12:00:00Z",
+		"2026-01-01T00:00:05+02:00", "2026-01-01t00:00:05z", "Thu, 01 Jan 2026 00:02:00 GMT", "NaN", "-1", ""} {
+		f.Add(s, uint8(0))
+		f.Add(s, uint8(1))
+	}
+	f.Fuzz(func(t *testing.T, s string, which uint8) {
+		now := refNows[int(which)%len(refNows)]
+		d, ok := parseResetValue(s, now)
+		if wd, wok := parseResetSlow(s, now); d != wd || ok != wok {
+			t.Fatalf("parseResetValue(%q) at %v = %v, %v; parseResetSlow = %v, %v", s, now, d, ok, wd, wok)
+		}
+	})
+}
+
+// FuzzUntilUnix: untilUnix is untilTime(time.Unix(sec, nsec), now) for
+// every sec within +-2^40, nsec in [0, 1e9) and any instant.
+func FuzzUntilUnix(f *testing.F) {
+	f.Add(int64(1767225660), int64(0), int64(1767225600), int64(0))
+	f.Add(int64(1767312000), int64(0), int64(1767225600), int64(0))
+	f.Add(int64(1767312001), int64(0), int64(1767225600), int64(999999999))
+	f.Add(int64(1767225599), int64(999999999), int64(1767225600), int64(0))
+	f.Add(int64(0), int64(0), int64(1<<40+1), int64(0))
+	f.Add(int64(-62135596800), int64(0), int64(-62135596800), int64(1))
+	f.Fuzz(func(t *testing.T, sec, nsec, nowSec, nowNsec int64) {
+		sec %= 1 << 40
+		nsec %= 1e9
+		if nsec < 0 {
+			nsec = -nsec
+		}
+		for _, now := range [...]time.Time{time.Unix(nowSec, nowNsec), time.Unix(nowSec%(1<<42), nowNsec)} {
+			d, ok := untilUnix(sec, nsec, now)
+			if wd, wok := untilTime(time.Unix(sec, nsec), now); d != wd || ok != wok {
+				t.Fatalf("untilUnix(%d, %d, %v) = %v, %v; untilTime = %v, %v", sec, nsec, now, d, ok, wd, wok)
+			}
+		}
+	})
 }

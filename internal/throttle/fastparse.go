@@ -61,8 +61,28 @@ func parseSimpleDuration(s string) (time.Duration, bool) {
 // (day within the month, hour < 24, minute and second < 60). ok=false means
 // "not this form": the caller uses time.Parse.
 func parseRFC3339UTC(s string) (time.Time, bool) {
-	if len(s) != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != 'Z' {
+	year, month, day, clock, ok := rfc3339UTCFields(s)
+	if !ok {
 		return time.Time{}, false
+	}
+	return time.Date(year, time.Month(month), day, 0, 0, clock, 0, time.UTC), true
+}
+
+// rfc3339UTCUnix is parseRFC3339UTC(s).Unix(), without building a
+// time.Time: the same form and checks, ok=false for anything else.
+func rfc3339UTCUnix(s string) (int64, bool) {
+	year, month, day, clock, ok := rfc3339UTCFields(s)
+	if !ok {
+		return 0, false
+	}
+	return daysFromCivil(year, month, day)*86400 + int64(clock), true
+}
+
+// rfc3339UTCFields reads the date and the time of day (in seconds) of
+// "YYYY-MM-DDTHH:MM:SSZ", checking the field ranges (see parseRFC3339UTC).
+func rfc3339UTCFields(s string) (year, month, day, clock int, ok bool) {
+	if len(s) != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != 'Z' {
+		return 0, 0, 0, 0, false
 	}
 	year, ok1 := digits2(s, 0)
 	year2, ok2 := digits2(s, 2)
@@ -72,13 +92,35 @@ func parseRFC3339UTC(s string) (time.Time, bool) {
 	minute, ok6 := digits2(s, 14)
 	sec, ok7 := digits2(s, 17)
 	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
-		return time.Time{}, false
+		return 0, 0, 0, 0, false
 	}
 	year = year*100 + year2
 	if month < 1 || month > 12 || day < 1 || day > daysInMonth(month, year) || hour > 23 || minute > 59 || sec > 59 {
-		return time.Time{}, false
+		return 0, 0, 0, 0, false
 	}
-	return time.Date(year, time.Month(month), day, hour, minute, sec, 0, time.UTC), true
+	return year, month, day, hour*3600 + minute*60 + sec, true
+}
+
+// daysFromCivil is the number of days from 1970-01-01 to the proleptic
+// Gregorian date (year >= 0, month 1-12, day 1-31): Howard Hinnant's
+// days_from_civil.
+func daysFromCivil(year, month, day int) int64 {
+	if month <= 2 {
+		year--
+	}
+	era := year
+	if era < 0 {
+		era -= 399
+	}
+	era /= 400
+	yoe := year - era*400 // [0, 399]
+	mp := month + 9       // March = 0
+	if month > 2 {
+		mp = month - 3
+	}
+	doy := (153*mp+2)/5 + day - 1
+	doe := yoe*365 + yoe/4 - yoe/100 + doy
+	return int64(era)*146097 + int64(doe) - 719468
 }
 
 // digits2 parses the two ASCII digits at s[i:i+2].

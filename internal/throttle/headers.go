@@ -331,8 +331,32 @@ func parseCount(s string) (int64, bool) {
 
 // parseLimit parses a limit: a positive count, optionally followed by an
 // Envoy/draft-03 policy list ("10, 10;w=1;name=\"per-ip\", 1000;w=3600"),
-// of which the leading figure is the limit in effect.
+// of which the leading figure is the limit in effect. A value that is
+// digits up to its end, a ',' or a ';' (the common "100" and "10, 10;w=1")
+// is read in one scan; anything else by parseLimitSlow, with the same result
+// (FuzzParseLimit compares them).
 func parseLimit(s string) (int64, bool) {
+	var v int64
+	n := 0
+	for ; n < len(s) && n < 16; n++ {
+		c := s[n] - '0'
+		if c > 9 {
+			break
+		}
+		v = v*10 + int64(c)
+	}
+	if n > 0 && (n == len(s) || s[n] == ',' || s[n] == ';') {
+		if v == 0 || v > MaxQuotaValue {
+			return 0, false
+		}
+		return v, true
+	}
+	return parseLimitSlow(s)
+}
+
+// parseLimitSlow is parseLimit for any value: the leading figure, up to the
+// first ',' or ';', trimmed of OWS.
+func parseLimitSlow(s string) (int64, bool) {
 	for i := 0; i < len(s); i++ {
 		if s[i] == ',' || s[i] == ';' {
 			s = s[:i]
@@ -387,7 +411,40 @@ func ParseResetDuration(s string) (time.Duration, bool) {
 // seconds, below 1e15 epoch milliseconds), or a Go duration. An absolute
 // time in the past means "replenished now" (0); anything above MaxReset is
 // malformed.
+//
+// The forms providers send most are read in integers, without the floats
+// and time.Time of parseResetSlow, which reads everything else with the
+// same result (FuzzParseResetValue compares them): 1 to 15 digits, a Go
+// duration of integer h/m/s/ms components, and "YYYY-MM-DDTHH:MM:SSZ".
 func parseResetValue(s string, now time.Time) (time.Duration, bool) {
+	if v, ok := parseDigits(s); ok {
+		switch {
+		case v < EpochSecondsThreshold:
+			if v > int64(MaxReset/time.Second) {
+				return 0, false
+			}
+			return time.Duration(v) * time.Second, true
+		case v < EpochMillisThreshold:
+			return untilUnix(v, 0, now)
+		default: // below 1e15: parseDigits reads at most 15 digits
+			return untilUnix(v/1000, v%1000*1e6, now)
+		}
+	}
+	if d, ok := parseSimpleDuration(s); ok {
+		if d > MaxReset {
+			return 0, false
+		}
+		return d, true
+	}
+	if sec, ok := rfc3339UTCUnix(s); ok {
+		return untilUnix(sec, 0, now)
+	}
+	return parseResetSlow(s, now)
+}
+
+// parseResetSlow is parseResetValue for any value, through floats and
+// time.Time.
+func parseResetSlow(s string, now time.Time) (time.Duration, bool) {
 	s = trimOWS(s)
 	if isDecimalNumber(s) {
 		v, err := parseDecimal(s)
@@ -423,6 +480,36 @@ func parseResetValue(s string, now time.Time) (time.Duration, bool) {
 		return untilTime(at, now)
 	}
 	return ParseResetDuration(s)
+}
+
+// untilUnix is untilTime(time.Unix(sec, nsec), now) for sec within
+// +-2^40 and nsec in [0, 1e9), in integers; a now outside +-2^40 s of the
+// epoch goes to untilTime.
+func untilUnix(sec, nsec int64, now time.Time) (time.Duration, bool) {
+	const bound = 1 << 40
+	ns := now.Unix()
+	if ns < -bound || ns > bound {
+		return untilTime(time.Unix(sec, nsec), now)
+	}
+	ds := sec - ns // |ds| < 2^41
+	switch {
+	case ds < 0: // at-now <= -1 s + (nsec - now's nanoseconds) < 0
+		return 0, true
+	case ds > int64(MaxReset/time.Second)+1: // at-now > MaxReset + 1 s - 1 s
+		return 0, false
+	}
+	return untilDuration(time.Duration(ds)*time.Second + time.Duration(nsec-int64(now.Nanosecond())))
+}
+
+// untilDuration is untilTime for d = at-now.
+func untilDuration(d time.Duration) (time.Duration, bool) {
+	if d < 0 {
+		return 0, true
+	}
+	if d > MaxReset {
+		return 0, false
+	}
+	return d, true
 }
 
 // untilTime is at-now clamped at 0 (a past reset means "now"), malformed
