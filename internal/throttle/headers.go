@@ -190,9 +190,11 @@ func slotOf(k string) int {
 
 // fields are the rate-limit header values of one response, by slot: the
 // first field line of each (as Header.Get), every line for the two IETF
-// structured fields.
+// structured fields. A value is kept as a pointer to the first element of
+// the map's slice, half the size of a string: the parser zeroes its fields
+// on every call.
 type fields struct {
-	v       [nSlots]string
+	v       [nSlots]*string
 	present uint32 // bit per slot: the key is in the map with at least one value
 	lines   [2][]string
 }
@@ -202,13 +204,19 @@ func (f *fields) any(base, n int) bool { return f.present&((1<<n-1)<<base) != 0 
 
 func (f *fields) has(slot int) bool { return f.present&(1<<slot) != 0 }
 
-func (f *fields) get(slot int) (string, bool) { return f.v[slot], f.has(slot) }
+// get returns the value of slot and whether it is present.
+func (f *fields) get(slot int) (string, bool) {
+	if !f.has(slot) {
+		return "", false
+	}
+	return *f.v[slot], true
+}
 
 func (f *fields) set(slot int, vs []string) {
 	if len(vs) == 0 {
 		return
 	}
-	f.v[slot] = vs[0]
+	f.v[slot] = &vs[0]
 	f.present |= 1 << slot
 	if slot >= sIETFRateLimit {
 		f.lines[slot-sIETFRateLimit] = vs
@@ -589,49 +597,64 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 }
 
 // parser accumulates candidate figures per dimension while reading the
-// dialects, and keeps the most restrictive one.
+// dialects, and keeps the most restrictive one in the Quota it fills.
 type parser struct {
 	f         fields
 	now       time.Time
-	best      [numDims]Dimension
+	q         Quota
 	malformed int
+}
+
+// best is the Quota's figure for dimension dim (dimTokens...dimOutput).
+func (p *parser) best(dim int) *Dimension {
+	switch dim {
+	case dimTokens:
+		return &p.q.Tokens
+	case dimRequests:
+		return &p.q.Requests
+	case dimInput:
+		return &p.q.Input
+	}
+	return &p.q.Output
 }
 
 // offer proposes a figure for dimension dim. The most restrictive wins: the
 // smallest remaining, for equal remaining the later reset; a figure with a
 // remaining beats one without; among limit-only figures the smallest limit.
-func (p *parser) offer(dim int, c Dimension) {
-	if c.Remaining < 0 && c.Limit <= 0 {
+// c is read, not changed. Dimensions move field by field: a whole-struct copy
+// is made in wide loads that stall on the narrow stores just made.
+func (p *parser) offer(dim int, c *Dimension) {
+	remaining := c.Remaining
+	if remaining < 0 && c.Limit <= 0 {
 		return
 	}
-	if c.Limit > 0 && c.Remaining > c.Limit {
-		c.Remaining = c.Limit
+	if c.Limit > 0 && remaining > c.Limit {
+		remaining = c.Limit
 	}
-	b := &p.best[dim]
+	b := p.best(dim)
 	better := false
 	switch {
 	case b.Remaining < 0 && b.Limit <= 0:
 		better = true
-	case c.Remaining >= 0 && b.Remaining < 0:
+	case remaining >= 0 && b.Remaining < 0:
 		better = true
-	case c.Remaining < 0 && b.Remaining >= 0:
+	case remaining < 0 && b.Remaining >= 0:
 		better = false
-	case c.Remaining >= 0:
-		better = c.Remaining < b.Remaining || (c.Remaining == b.Remaining && c.Reset > b.Reset)
+	case remaining >= 0:
+		better = remaining < b.Remaining || (remaining == b.Remaining && c.Reset > b.Reset)
 	default:
 		better = c.Limit < b.Limit
 	}
 	if better {
-		*b = c
+		b.Limit, b.Remaining, b.Reset, b.Dialect = c.Limit, remaining, c.Reset, c.Dialect
 	}
 }
 
-// triplet reads limit, remaining and reset header values into a Dimension.
-// present reports whether any of the three headers was there.
+// triplet reads limit, remaining and reset header values into d, of the
+// dialect given, and reports whether any of the three headers was there.
 // The triplet's slots are base, base+1, base+2.
-func (p *parser) triplet(base int, dialect string) (d Dimension, present bool) {
-	d = unknownDimension()
-	d.Dialect = dialect
+func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) {
+	d.Limit, d.Remaining, d.Reset, d.Dialect = -1, -1, -1, dialect
 	if v, ok := p.f.get(base); ok {
 		present = true
 		if n, ok := parseLimit(v); ok {
@@ -656,7 +679,7 @@ func (p *parser) triplet(base int, dialect string) (d Dimension, present bool) {
 			p.malformed++
 		}
 	}
-	return d, present
+	return present
 }
 
 // ParseHeaders reads every rate-limit dialect in h (a response received at
@@ -740,25 +763,30 @@ func NormalizeDialect(dialect string) string {
 }
 
 // parseHeaders reads the dialect only ("" = every dialect).
+//
+// gather reads only the slots of the dialect (and Retry-After), so a slot
+// present is one the dialect reads: the checks below need not name it.
 func parseHeaders(h http.Header, now time.Time, only string) Quota {
 	p := parser{now: now}
-	for i := range p.best {
-		p.best[i] = unknownDimension()
+	q := &p.q
+	// Field by field: a composite literal would be built on the stack and
+	// copied in wide loads that stall on the narrow stores.
+	for _, d := range [numDims]*Dimension{&q.Tokens, &q.Requests, &q.Input, &q.Output} {
+		d.Limit, d.Remaining, d.Reset = -1, -1, -1
 	}
 	f := &p.f
 	lo, hi := dialectSlots(only)
 	f.gather(h, lo, hi)
-	q := Quota{}
 	var msRetry bool
-	q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(f, now)
-	if q.HasRetryAfter {
-		msRetry = f.has(sRetryAfterMs) || f.has(sXMsRetryAfter)
+	if f.any(sRetryAfter, sOpenAI) {
+		q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(f, now)
+		msRetry = q.HasRetryAfter && f.any(sRetryAfterMs, 2)
 	}
 
 	// OpenAI / Azure.
-	for dim := 0; dim < 2 && (only == "" || only == DialectOpenAI || only == DialectAzure) && f.any(sOpenAI, 6); dim++ {
-		d, present := p.triplet(sOpenAI+3*dim, DialectOpenAI)
-		if !present {
+	for dim := 0; dim < 2 && f.any(sOpenAI, 6); dim++ {
+		var d Dimension
+		if !p.triplet(sOpenAI+3*dim, DialectOpenAI, &d) {
 			continue
 		}
 		resetRaw, hasReset := f.get(sOpenAI + 3*dim + 2)
@@ -768,27 +796,27 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 		case msRetry || (d.Remaining >= 0 && !hasReset) || (hasReset && isDecimalNumber(trimOWS(resetRaw))):
 			d.Dialect = DialectAzure
 		}
-		p.offer(dim, d)
+		p.offer(dim, &d)
 	}
 
-	if (only == "" || only == DialectAnthropic) && f.any(sAnthropic, sClassic-sAnthropic) {
+	if f.any(sAnthropic, sClassic-sAnthropic) {
 		p.parseAnthropic()
 	}
 
 	// Classic.
-	if (only == "" || only == DialectClassic) && f.any(sClassic, 3) {
-		if d, present := p.triplet(sClassic, DialectClassic); present {
-			p.offer(dimRequests, d)
+	if f.any(sClassic, 3) {
+		var d Dimension
+		if p.triplet(sClassic, DialectClassic, &d) {
+			p.offer(dimRequests, &d)
 		}
 	}
 
 	// IETF.
-	if (only == "" || only == DialectIETF) && f.any(sIETF, nSlots-sIETF) {
+	if f.any(sIETF, nSlots-sIETF) {
 		p.parseIETF()
 	}
 
-	q.Tokens, q.Requests, q.Malformed = p.best[dimTokens], p.best[dimRequests], p.malformed
-	q.Input, q.Output = p.best[dimInput], p.best[dimOutput]
+	q.Malformed = p.malformed
 	switch {
 	case q.Tokens.Dialect != "":
 		q.Dialect = q.Tokens.Dialect
@@ -801,7 +829,7 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 	case msRetry && (only == "" || only == DialectAzure):
 		q.Dialect = DialectAzure
 	}
-	return q
+	return *q
 }
 
 // parseAnthropic reads the anthropic-ratelimit-* triplets: requests to
@@ -810,17 +838,18 @@ func parseHeaders(h http.Header, now time.Time, only string) Quota {
 // its own; they are never summed into Tokens, whose sum would hide the
 // bucket that binds (provider header reference, Anthropic; BC-07).
 func (p *parser) parseAnthropic() {
-	if d, present := p.triplet(sAnthropic+3*dimRequests, DialectAnthropic); present {
-		p.offer(dimRequests, d)
+	var d Dimension
+	if p.triplet(sAnthropic+3*dimRequests, DialectAnthropic, &d) {
+		p.offer(dimRequests, &d)
 	}
-	if d, present := p.triplet(sAnthropic+3*dimTokens, DialectAnthropic); present {
-		p.offer(dimTokens, d)
+	if p.triplet(sAnthropic+3*dimTokens, DialectAnthropic, &d) {
+		p.offer(dimTokens, &d)
 	}
-	if d, present := p.triplet(sAnthropicInOut, DialectAnthropic); present {
-		p.offer(dimInput, d)
+	if p.triplet(sAnthropicInOut, DialectAnthropic, &d) {
+		p.offer(dimInput, &d)
 	}
-	if d, present := p.triplet(sAnthropicInOut+3, DialectAnthropic); present {
-		p.offer(dimOutput, d)
+	if p.triplet(sAnthropicInOut+3, DialectAnthropic, &d) {
+		p.offer(dimOutput, &d)
 	}
 }
 
@@ -870,7 +899,14 @@ func (p *parser) parseIETF() {
 					}
 					unit = u.s
 				}
-				policies = append(policies, ietfPolicy{name: m.item.s, q: qv.i, dim: ietfUnit(unit)})
+				if len(policies) == cap(policies) {
+					policies = append(policies, ietfPolicy{})
+				} else {
+					policies = policies[:len(policies)+1]
+				}
+				// Field by field (see offer).
+				pol := &policies[len(policies)-1]
+				pol.name, pol.q, pol.dim = m.item.s, qv.i, ietfUnit(unit)
 			case sfInteger:
 				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
 					p.malformed++
@@ -914,21 +950,23 @@ func (p *parser) parseIETF() {
 				}
 			}
 			if dim >= 0 {
-				p.offer(dim, d)
+				p.offer(dim, &d)
 			}
 		}
 		p.malformed += it.malformed
 	}
 	for _, pol := range policies {
 		if !pol.used && pol.dim >= 0 {
-			p.offer(pol.dim, Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Dialect: DialectIETF})
+			d := Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Dialect: DialectIETF}
+			p.offer(pol.dim, &d)
 		}
 	}
 	// draft-03..06 form.
-	if d, present := p.triplet(sIETF, DialectIETF); present || oldLimit > 0 {
+	var d Dimension
+	if present := p.triplet(sIETF, DialectIETF, &d); present || oldLimit > 0 {
 		if d.Limit < 0 {
 			d.Limit = oldLimit
 		}
-		p.offer(dimRequests, d)
+		p.offer(dimRequests, &d)
 	}
 }

@@ -158,7 +158,10 @@ func parseSFMember(s string, i int, m *sfMember) (int, bool) {
 			}
 		}
 		if m.nParams < sfMaxParams {
-			m.params[m.nParams] = sfParam{key: key, val: pv}
+			// Field by field: a composite literal is built on the stack and
+			// copied in wide loads that stall on the narrow stores.
+			kp := &m.params[m.nParams]
+			kp.key, kp.val = key, pv
 			m.nParams++
 		}
 	}
