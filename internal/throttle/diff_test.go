@@ -224,3 +224,38 @@ func FuzzUntilUnix(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSFPickMatchesMember: nextPick visits the same members as next, with
+// the same Item and the same values of the two parameters as
+// sfMember.param, and counts the same malformed members, whichever path
+// (pickSFMemberFast or parseSFMember) reads each member.
+func FuzzSFPickMatchesMember(f *testing.F) {
+	for _, s := range []string{`"burst";q=100;w=60,"daily";q=1000;w=86400`, `"requests";q=100;w=10, "tokens";q=10000;qu="tokens";w=10`,
+		`"requests";r=50;t=3, "tokens";r=5000;t=3`, `100;w=10`, `a;q=1;q=2, b;qu=x;q=3, 7, 4;w=1`, `"a\"b";q=1`, `x;q=1.5, y;q=-1, z;q`,
+		`t;a=1;b=2;c=3;d=4;e=5;f=6;g=7;h=8;q=9`, `t; q=1`, `t;q=?1, u;q=:AQ==:, v;Q=1`, `*a/b:c;q=1234567890123456`, `"\u0080";q=1`,
+		`tok;q=1 , tok2;q=2 x`, `,,"a";q=1`, `"unterminated;q=1`, `1.25;q=1`} {
+		f.Add(s, uint8(0))
+		f.Add(s, uint8(1))
+	}
+	keys := [...][2]string{{"q", "qu"}, {"r", "t"}, {"a", "a"}, {"h", "w"}}
+	f.Fuzz(func(t *testing.T, s string, which uint8) {
+		k := keys[int(which)%len(keys)]
+		var m sfMember
+		var pk sfPick
+		want, got := sfList{s: s}, sfList{s: s}
+		for {
+			wok, gok := want.next(&m), got.nextPick(&pk, k[0], k[1])
+			if wok != gok || want.i != got.i || want.malformed != got.malformed {
+				t.Fatalf("%q: next %v at %d (%d malformed), nextPick %v at %d (%d malformed)", s, wok, want.i, want.malformed, gok, got.i, got.malformed)
+			}
+			if !wok {
+				break
+			}
+			v0, h0 := m.param(k[0])
+			v1, h1 := m.param(k[1])
+			if m.item != pk.item || h0 != pk.has[0] || (h0 && v0 != pk.val[0]) || h1 != pk.has[1] || (h1 && v1 != pk.val[1]) {
+				t.Fatalf("%q: member %+v %q=%+v,%v %q=%+v,%v; picked %+v", s, m.item, k[0], v0, h0, k[1], v1, h1, pk)
+			}
+		}
+	})
+}

@@ -866,6 +866,12 @@ type ietfPolicy struct {
 // (no tokens unit is registered; vendors use their own) to Tokens, others
 // (content-bytes, concurrent-requests) to -1.
 func ietfUnit(qu string) int {
+	switch qu { // the common spellings, as below
+	case "", "requests", "request":
+		return dimRequests
+	case "tokens", "token":
+		return dimTokens
+	}
 	switch {
 	case qu == "" || strings.EqualFold(qu, "requests") || strings.EqualFold(qu, "request"):
 		return dimRequests
@@ -879,20 +885,19 @@ func (p *parser) parseIETF() {
 	var buf [8]ietfPolicy
 	policies := buf[:0]
 	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
-	var sm sfMember
-	m := &sm
+	var m sfPick
 	for _, line := range p.f.lines[sIETFPolicy-sIETFRateLimit] {
 		it := sfList{s: line}
-		for it.next(m) {
+		for it.nextPick(&m, "q", "qu") {
 			switch m.item.kind {
 			case sfString, sfToken:
-				qv, ok := m.param("q")
+				qv, ok := m.val[0], m.has[0]
 				if !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue {
 					p.malformed++
 					continue
 				}
 				unit := ""
-				if u, ok := m.param("qu"); ok {
+				if u, ok := m.val[1], m.has[1]; ok {
 					if u.kind != sfString && u.kind != sfToken {
 						p.malformed++
 						continue
@@ -923,18 +928,19 @@ func (p *parser) parseIETF() {
 	}
 	for _, line := range p.f.lines[0] {
 		it := sfList{s: line}
-		for it.next(m) {
+		for it.nextPick(&m, "r", "t") {
 			if m.item.kind != sfString && m.item.kind != sfToken {
 				p.malformed++
 				continue
 			}
-			rv, ok := m.param("r")
+			rv, ok := m.val[0], m.has[0]
 			if !ok || rv.kind != sfInteger || rv.i < 0 || rv.i > MaxQuotaValue {
 				p.malformed++
 				continue
 			}
-			d := Dimension{Limit: -1, Remaining: rv.i, Reset: -1, Dialect: DialectIETF}
-			if tv, ok := m.param("t"); ok {
+			var d Dimension // field by field (see offer)
+			d.Limit, d.Remaining, d.Reset, d.Dialect = -1, rv.i, -1, DialectIETF
+			if tv, ok := m.val[1], m.has[1]; ok {
 				if tv.kind == sfInteger && tv.i >= 0 && tv.i <= int64(MaxReset/time.Second) {
 					d.Reset = time.Duration(tv.i) * time.Second
 				} else {

@@ -105,6 +105,177 @@ func (it *sfList) next(m *sfMember) bool {
 	}
 }
 
+// Character classes of the fast path (pickSFMemberFast), built from the
+// predicates of the general parser.
+const (
+	sfKeyChar   = 1 << iota // a parameter key's byte after the first
+	sfTokenChar             // a Token's byte after the first
+	sfPlainChar             // a String's byte other than '"' and '\\'
+)
+
+var sfClass [256]uint8
+
+func init() {
+	for i := range sfClass {
+		c := byte(i)
+		if isLCAlpha(c) || isDigit(c) || c == '_' || c == '-' || c == '.' || c == '*' {
+			sfClass[c] |= sfKeyChar
+		}
+		if isTChar(c) || c == ':' || c == '/' {
+			sfClass[c] |= sfTokenChar
+		}
+		if c >= 0x20 && c <= 0x7e && c != '"' && c != '\\' {
+			sfClass[c] |= sfPlainChar
+		}
+	}
+}
+
+// sfPick is what a reader takes from one List member: its Item and the
+// values of two parameters, each the first occurrence among the first
+// sfMaxParams parameters (what sfMember.param finds); val[i] is valid when
+// has[i].
+type sfPick struct {
+	item sfValue
+	val  [2]sfValue
+	has  [2]bool
+}
+
+// nextPick is next for a reader of the Item and the parameters k0 and k1 of
+// each member: it parses the next well-formed member into pk; false at the
+// end. Members, malformed ones and it.malformed are exactly those of next
+// (FuzzSFPickMatchesMember compares them). A member of the common form
+// (strings without escapes, tokens, integers, key=value parameters) is
+// read by pickSFMemberFast without storing its parameters; any other by
+// parseSFMember.
+func (it *sfList) nextPick(pk *sfPick, k0, k1 string) bool {
+	s := it.s
+	for {
+		i := skipOWS(s, it.i)
+		if i >= len(s) {
+			it.i = len(s)
+			return false
+		}
+		j, ok, handled := pickSFMemberFast(s, i, pk, k0, k1)
+		if !handled {
+			j, ok = pickSFMember(s, i, pk, k0, k1)
+		}
+		if ok {
+			j = skipOWS(s, j)
+			if j < len(s) && s[j] != ',' {
+				ok = false
+			}
+		}
+		if !ok {
+			it.malformed++
+			it.i = skipToNextMember(s, i)
+			continue
+		}
+		if j >= len(s) {
+			it.i = len(s)
+		} else {
+			it.i = j + 1 // past the comma
+		}
+		return true
+	}
+}
+
+// pickSFMember is the general path of nextPick: parseSFMember, then the
+// two parameters by sfMember.param.
+func pickSFMember(s string, i int, pk *sfPick, k0, k1 string) (int, bool) {
+	var m sfMember
+	j, ok := parseSFMember(s, i, &m)
+	if ok {
+		pk.item = m.item
+		pk.val[0], pk.has[0] = m.param(k0)
+		pk.val[1], pk.has[1] = m.param(k1)
+	}
+	return j, ok
+}
+
+// pickSFMemberFast reads the member at s[i] if it is of the common form:
+// an Item and parameters that are each a String without escapes, a Token
+// or an Integer of up to 15 digits without a sign, and parameters written
+// key=value with no space after the ';'. It then returns what parseSFMember
+// would (the end, ok=true), with pk filled as pickSFMember would fill it,
+// and handled=true; for any other member handled=false, and the caller
+// uses the general path.
+func pickSFMemberFast(s string, i int, pk *sfPick, k0, k1 string) (j int, ok, handled bool) {
+	j, handled = pickSFItem(s, i, &pk.item)
+	if !handled {
+		return j, false, false
+	}
+	pk.has[0], pk.has[1] = false, false
+	var v sfValue
+	for n := 0; j < len(s) && s[j] == ';'; n++ {
+		j++
+		k := j
+		if j >= len(s) || !(isLCAlpha(s[j]) || s[j] == '*') {
+			return j, false, false
+		}
+		for j < len(s) && sfClass[s[j]]&sfKeyChar != 0 {
+			j++
+		}
+		key := s[k:j]
+		if j >= len(s) || s[j] != '=' {
+			return j, false, false
+		}
+		if j, handled = pickSFItem(s, j+1, &v); !handled {
+			return j, false, false
+		}
+		if n < sfMaxParams {
+			if !pk.has[0] && key == k0 {
+				pk.val[0], pk.has[0] = v, true
+			}
+			if !pk.has[1] && key == k1 {
+				pk.val[1], pk.has[1] = v, true
+			}
+		}
+	}
+	return j, true, true
+}
+
+// pickSFItem reads the bare item at s[i] into v if it is a String without
+// escapes, a Token, or an Integer of 1 to 15 digits not followed by '.',
+// as parseBareItem would, and returns its end and true; false for any
+// other item (or none), for parseBareItem to read.
+func pickSFItem(s string, i int, v *sfValue) (int, bool) {
+	if i >= len(s) {
+		return i, false
+	}
+	c := s[i]
+	switch {
+	case c == '"':
+		j := i + 1
+		for j < len(s) && sfClass[s[j]]&sfPlainChar != 0 {
+			j++
+		}
+		if j >= len(s) || s[j] != '"' {
+			return j, false // an escape, a byte outside a String, or no end
+		}
+		v.kind, v.s, v.i = sfString, s[i+1:j], 0
+		return j + 1, true
+	case isDigit(c):
+		var n int64
+		j := i
+		for ; j < len(s) && isDigit(s[j]); j++ {
+			n = n*10 + int64(s[j]-'0')
+		}
+		if j-i > 15 || (j < len(s) && s[j] == '.') {
+			return j, false // more than 15 digits, or a Decimal
+		}
+		v.kind, v.s, v.i = sfInteger, "", n
+		return j, true
+	case isAlpha(c) || c == '*':
+		j := i + 1
+		for j < len(s) && sfClass[s[j]]&sfTokenChar != 0 {
+			j++
+		}
+		v.kind, v.s, v.i = sfToken, s[i:j], 0
+		return j, true
+	}
+	return i, false
+}
+
 func skipOWS(s string, i int) int {
 	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
 		i++
