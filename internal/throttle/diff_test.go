@@ -259,3 +259,37 @@ func FuzzSFPickMatchesMember(f *testing.F) {
 		}
 	})
 }
+
+// FuzzClampRetryUnits: the integer Retry-After of a 1-15 digit value is the
+// float one, in seconds and in milliseconds.
+func FuzzClampRetryUnits(f *testing.F) {
+	for _, n := range []int64{0, 1, 999, 1500, 604799, 604800, 604801, 604799999, 604800000, 604800001, 999999999999999} {
+		f.Add(n)
+	}
+	f.Fuzz(func(t *testing.T, n int64) {
+		if n < 0 {
+			n = -n
+		}
+		n %= 1e15
+		if got, want := clampRetryUnits(n, time.Second), clampRetry(float64(n)); got != want {
+			t.Fatalf("%d s: %v, float %v", n, got, want)
+		}
+		if got, want := clampRetryUnits(n, time.Millisecond), clampRetry(float64(n)/1000); got != want {
+			t.Fatalf("%d ms: %v, float %v", n, got, want)
+		}
+	})
+}
+
+// TestClampRetryUnitsNearMax: every millisecond count within a million of
+// MaxRetryAfter, and every count below a million, agrees with the float
+// computation.
+func TestClampRetryUnitsNearMax(t *testing.T) {
+	limit := int64(MaxRetryAfter / time.Millisecond)
+	for _, base := range []int64{0, limit - 1e6} {
+		for n := base; n < base+2e6; n++ {
+			if got, want := clampRetryUnits(n, time.Millisecond), clampRetry(float64(n)/1000); got != want {
+				t.Fatalf("%d ms: %v, float %v", n, got, want)
+			}
+		}
+	}
+}

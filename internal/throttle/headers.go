@@ -541,6 +541,18 @@ func clampRetry(seconds float64) time.Duration {
 	return time.Duration(math.Round(seconds * 1e9))
 }
 
+// clampRetryUnits is clampRetry(float64(n) * unit / time.Second) for n in
+// [0, 1e15) and unit time.Second or time.Millisecond, in integers: below
+// MaxRetryAfter the float computation rounds to n*unit exactly (its error
+// is under a quarter of a nanosecond), and at or above it both clamp
+// (FuzzClampRetryUnits compares them).
+func clampRetryUnits(n int64, unit time.Duration) time.Duration {
+	if n >= int64(MaxRetryAfter/unit) {
+		return MaxRetryAfter
+	}
+	return time.Duration(n) * unit
+}
+
 // ParseRetryAfter reads the provider's explicit wait from h at now. Order:
 // retry-after-ms, then x-ms-retry-after-ms (milliseconds; Azure, OpenAI
 // SDKs), which win over Retry-After (BC-05a); then Retry-After as
@@ -564,6 +576,9 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 		if !present {
 			continue
 		}
+		if ms, ok := parseDigits(v); ok {
+			return clampRetryUnits(ms, time.Millisecond), true, malformed
+		}
 		v = trimOWS(v)
 		if isDecimalNumber(v) {
 			if ms, err := parseDecimal(v); err == nil {
@@ -575,6 +590,9 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 	v, present := f.get(sRetryAfter)
 	if !present {
 		return 0, false, malformed
+	}
+	if sec, ok := parseDigits(v); ok {
+		return clampRetryUnits(sec, time.Second), true, malformed
 	}
 	v = trimOWS(v)
 	if isDecimalNumber(v) {
@@ -732,7 +750,7 @@ func ParseHeaders(h http.Header, now time.Time) Quota {
 // "", "Auto" and any unknown name behave as ParseHeaders (every dialect,
 // most restrictive figure wins).
 func ParseHeadersDialect(h http.Header, now time.Time, dialect string) Quota {
-	return parseHeaders(h, now, NormalizeDialect(dialect))
+	return parseHeaders(h, now, dialect)
 }
 
 // NormalizeDialect maps a dialect hint to this package's Dialect* name:
@@ -762,11 +780,18 @@ func NormalizeDialect(dialect string) string {
 	return ""
 }
 
-// parseHeaders reads the dialect only ("" = every dialect).
+// parseHeaders reads the dialect of the hint only (NormalizeDialect; "" =
+// every dialect). It takes the hint, not the normalized name, so that
+// ParseHeadersDialect is inlined: a Quota returned through one more call is
+// copied once more.
 //
 // gather reads only the slots of the dialect (and Retry-After), so a slot
 // present is one the dialect reads: the checks below need not name it.
-func parseHeaders(h http.Header, now time.Time, only string) Quota {
+func parseHeaders(h http.Header, now time.Time, dialect string) Quota {
+	only := dialect
+	if only != "" {
+		only = NormalizeDialect(dialect)
+	}
 	p := parser{now: now}
 	q := &p.q
 	// Field by field: a composite literal would be built on the stack and
