@@ -223,15 +223,29 @@ func pickSFMemberFast(s string, i int, pk *sfPick, k0, k1 string) (j int, ok, ha
 			return j, false, false
 		}
 		if n < sfMaxParams {
-			if !pk.has[0] && key == k0 {
+			if !pk.has[0] && eqShort(key, k0) {
 				pk.val[0], pk.has[0] = v, true
 			}
-			if !pk.has[1] && key == k1 {
+			if !pk.has[1] && eqShort(key, k1) {
 				pk.val[1], pk.has[1] = v, true
 			}
 		}
 	}
 	return j, true, true
+}
+
+// eqShort is a == b, by a byte loop: the parameter keys compared are a
+// byte or two, shorter than a call to the runtime's comparison.
+func eqShort(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // pickSFItem reads the bare item at s[i] into v if it is a String without
