@@ -293,3 +293,20 @@ func TestClampRetryUnitsNearMax(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseDigits: parseDigits is strconv.ParseInt on 1 to 15 ASCII digits
+// and refuses anything else.
+func FuzzParseDigits(f *testing.F) {
+	for _, s := range []string{"0", "9", "12345678", "1767225660", "99999999", "00000000", "123456789012345", "1234567890123456",
+		"1234567/", "1234567:", "12345678a", "/2345678", "1234 678", "\xb0\x30\x30\x30\x30\x30\x30\x30", "", "-1234567", "+1234567"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, ok := parseDigits(s)
+		digits := len(s) >= 1 && len(s) <= 15 && strings.Trim(s, "0123456789") == ""
+		want, err := strconv.ParseInt(s, 10, 64)
+		if ok != digits || (ok && (err != nil || v != want)) {
+			t.Fatalf("parseDigits(%q) = %d, %v; digits %v, ParseInt %d, %v", s, v, ok, digits, want, err)
+		}
+	})
+}

@@ -273,12 +273,30 @@ func trimOWS(s string) string {
 // parseDigits parses s, 1 to 15 ASCII digits, exactly as strconv.ParseInt
 // (and, converted, as strconv.ParseFloat: below 2^53 the conversion is
 // exact); ok=false for anything else, which the callers hand to strconv.
+//
+// Eight digits or more (epoch times) start with the first eight read as one
+// word: a chain of three multiplications instead of eight.
 func parseDigits(s string) (int64, bool) {
 	if len(s) == 0 || len(s) > 15 {
 		return 0, false
 	}
 	var v int64
-	for i := 0; i < len(s); i++ {
+	i := 0
+	if len(s) >= 8 {
+		b := s[:8]
+		w := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		// Every byte is '0'-'9': its high nibble is 3, and still 3 once 6
+		// is added (no byte carries into the next: each is at most 0x3f).
+		if w&0xf0f0f0f0f0f0f0f0 != 0x3030303030303030 || (w+0x0606060606060606)&0xf0f0f0f0f0f0f0f0 != 0x3030303030303030 {
+			return 0, false
+		}
+		d := w - 0x3030303030303030                 // digit values, the first in the low byte
+		d = (d*10 + d>>8) & 0x00ff00ff00ff00ff      // pairs
+		d = (d*100 + d>>16) & 0x0000ffff0000ffff    // quadruples
+		v, i = int64((d*10000+d>>32)&0xffffffff), 8 // the eight
+	}
+	for ; i < len(s); i++ {
 		c := s[i] - '0'
 		if c > 9 {
 			return 0, false
