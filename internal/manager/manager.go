@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/distribution/reference"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -86,6 +87,11 @@ func ParseFlags(args []string) (Config, error) {
 	}
 	if cfg.Render.DefaultImage == "" {
 		return Config{}, errors.New("--scheduler-image must not be empty")
+	}
+	if _, err := reference.ParseNormalizedNamed(cfg.Render.DefaultImage); err != nil {
+		// As spec.scheduler.image and the chart's operator.schedulerImage
+		// are refused: a Deployment with it could never pull.
+		return Config{}, fmt.Errorf("--scheduler-image %q is not an image reference (registry/repository:tag or @digest): %w", cfg.Render.DefaultImage, err)
 	}
 	if cfg.Render.SchedulerClusterRole == "" {
 		return Config{}, errors.New("--scheduler-cluster-role must not be empty")

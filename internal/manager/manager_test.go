@@ -3,6 +3,7 @@ package manager
 import (
 	"errors"
 	"flag"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -34,6 +35,11 @@ func TestParseFlags(t *testing.T) {
 			},
 		},
 		"empty image":        {args: []string{"--scheduler-image="}, wantErr: true},
+		"image with a space": {args: []string{"--scheduler-image=bad image"}, wantErr: true},
+		"upper-case image":   {args: []string{"--scheduler-image=Registry.example.com/Fairshare:v1"}, wantErr: true},
+		"image by digest": {args: []string{"--scheduler-image=registry.example.com:5000/team/fairshare@sha256:" + strings.Repeat("a", 64)},
+			want: Config{MetricsAddr: ":8080", ProbeAddr: ":8081",
+				Render: render.Options{DefaultImage: "registry.example.com:5000/team/fairshare@sha256:" + strings.Repeat("a", 64), SchedulerClusterRole: "fairshare-scheduler"}}},
 		"empty cluster role": {args: []string{"--scheduler-cluster-role="}, wantErr: true},
 		"unknown flag":       {args: []string{"--nope"}, wantErr: true},
 		"positional":         {args: []string{"extra"}, wantErr: true},
