@@ -741,19 +741,7 @@ func (r *Reservation) Complete(now time.Time, u Usage) Settlement {
 // Complete: only the first settlement applies. A shadow reservation changes
 // nothing and returns Settlement{Applied: true}, once.
 func (r *Reservation) Cancel(now time.Time) Settlement {
-	c := &r.cost
-	if r.isShadow() {
-		if !r.settle(0, nil) {
-			return Settlement{}
-		}
-		return Settlement{Applied: true}
-	}
-	delta := [numDims]int64{c.Weighted, c.PromptTokens, c.MaxOutputTokens, 1}
-	if !r.settle(now.UnixNano(), &delta) {
-		return Settlement{}
-	}
-	charged := c.Weighted - r.untakenWeighted()
-	return Settlement{Applied: true, ChargedWeighted: charged, UsedWeighted: 0, RefundedWeighted: charged}
+	return r.refundTokens(now, 1)
 }
 
 // Abandon settles a call whose client went away after it was sent to the
@@ -766,6 +754,13 @@ func (r *Reservation) Cancel(now time.Time) Settlement {
 // only the first settlement applies. A shadow reservation changes nothing
 // and returns Settlement{Applied: true}, once.
 func (r *Reservation) Abandon(now time.Time) Settlement {
+	return r.refundTokens(now, 0)
+}
+
+// refundTokens is Cancel (requests 1: the request bucket's charge is given
+// back too) and Abandon (requests 0): a full refund of the token buckets,
+// the release of the concurrency slot and KV blocks, applied once.
+func (r *Reservation) refundTokens(now time.Time, requests int64) Settlement {
 	c := &r.cost
 	if r.isShadow() {
 		if !r.settle(0, nil) {
@@ -773,7 +768,7 @@ func (r *Reservation) Abandon(now time.Time) Settlement {
 		}
 		return Settlement{Applied: true}
 	}
-	delta := [numDims]int64{c.Weighted, c.PromptTokens, c.MaxOutputTokens, 0}
+	delta := [numDims]int64{c.Weighted, c.PromptTokens, c.MaxOutputTokens, requests}
 	if !r.settle(now.UnixNano(), &delta) {
 		return Settlement{}
 	}
