@@ -270,10 +270,16 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			err = fmt.Errorf("%w: %d jobs queued (max %d)", fairqueue.ErrPoolFull, n, pool.MaxQueuedJobs)
 			return
 		}
+		idle := g.dispatch.queuedLocked(q, t.ID) == 0
 		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
 			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}}
 		if err = t.Enqueue(q, now, fj); err == nil {
 			g.dispatch.trackLocked(fj)
+			if idle {
+				// The time since the tenant's last dispatch was idle, not
+				// a slow drain (queue_full's Retry-After).
+				t.ObserveBacklog(now)
+			}
 		}
 	})
 	if err != nil {

@@ -438,3 +438,47 @@ func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
 		t.Fatalf("submission of another tenant: %d %+v, want 503 %s", resp.StatusCode, body.Error, codePoolQueueFull)
 	}
 }
+
+// TestQueueFullRetryAfterIgnoresIdleTime: a tenant whose queue drained a
+// job every 2 s, then sent nothing for a day, then filled its queue while
+// the model is paused is told to retry in a few seconds, not in a day (the
+// time since its last dispatch was idle, not a stalled drain); and the
+// first dispatch after the idle day does not put the day into its drain
+// interval.
+func TestQueueFullRetryAfterIgnoresIdleTime(t *testing.T) {
+	up := newUpstream(t, okJSON(1, 1))
+	a := tenant("a", limiter.Limits{RequestsPerMinute: i64(30), RequestBurst: i64(1)}) // a start every 2 s
+	a.MaxQueued = 2
+	a.DefaultDeadline = 48 * time.Hour
+	e := newEnv(t, up, []registry.TenantPolicy{a})
+	first := []string{e.submit("key-a", jobBody(10, 20, "")).ID, e.submit("key-a", jobBody(10, 20, "")).ID}
+	waitFor(t, "the first job to succeed", func() bool { return e.storeStatus(first[0]) == jobs.StatusSucceeded })
+	e.clock.Step(2 * time.Second)
+	e.gw.dispatch.wake()
+	waitFor(t, "the second job to succeed", func() bool { return e.storeStatus(first[1]) == jobs.StatusSucceeded })
+	ta := e.reg.Tenant("a")
+	if d, ok := ta.DrainInterval(e.clock.Now()); !ok || d != 2*time.Second {
+		t.Fatalf("DrainInterval after dispatches 2 s apart = %v, %v; want 2s", d, ok)
+	}
+
+	e.clock.Step(24 * time.Hour)
+	e.pause(60 * time.Second)
+	id := e.submit("key-a", jobBody(10, 20, "")).ID
+	e.submit("key-a", jobBody(10, 20, ""))
+	e.clock.Step(3 * time.Second)
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
+	body := decode[errorBody](t, resp)
+	if resp.StatusCode != 429 || body.Error.Code != codeQueueFull || resp.Header.Get("Retry-After") != "3" {
+		t.Fatalf("got %d %+v Retry-After %q, want 429 queue_full 3 (stalled 3 s since the queue filled, not a day)",
+			resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+
+	e.clock.Step(2 * time.Minute) // past the pause and its jitter
+	e.gw.dispatch.wake()
+	waitFor(t, "the first queued job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+	// It was sent 2 min 3 s after the queue filled: 2 s x 0.75 + 123 s x
+	// 0.25 = 32.25 s (with the idle day in the average: about 6 h).
+	if d, _ := ta.DrainInterval(e.clock.Now()); d != 32250*time.Millisecond {
+		t.Fatalf("DrainInterval after the idle day = %v, want 32.25s", d)
+	}
+}

@@ -77,7 +77,9 @@ type Tenant struct {
 
 	drainMu      sync.Mutex
 	lastDispatch time.Time     // the tenant's latest job dispatch
+	backlogFrom  time.Time     // when its queue last got a job while empty
 	drainEvery   time.Duration // EWMA of the interval between its dispatches
+	drainKnown   bool          // drainEvery holds at least one interval (it may be 0)
 
 	budgetMu    sync.Mutex
 	budgetStart time.Time
@@ -181,14 +183,17 @@ func (t *Tenant) UsageWindow(now time.Time) usage.Counts {
 const drainWeight = 0.25
 
 // ObserveDispatch records that one of the tenant's jobs was sent at now,
-// for DrainInterval.
+// for DrainInterval. The interval it adds to the average runs from the
+// previous dispatch, or from when the tenant's queue last went from empty to
+// holding a job (ObserveBacklog) when that is later: a time in which the
+// tenant had nothing queued is idleness, not drain time.
 func (t *Tenant) ObserveDispatch(now time.Time) {
 	t.drainMu.Lock()
 	defer t.drainMu.Unlock()
 	if !t.lastDispatch.IsZero() {
-		if d := now.Sub(t.lastDispatch); d >= 0 {
-			if t.drainEvery == 0 {
-				t.drainEvery = d
+		if d := now.Sub(t.drainFromLocked(now)); d >= 0 {
+			if !t.drainKnown {
+				t.drainEvery, t.drainKnown = d, true
 			} else {
 				t.drainEvery = time.Duration(float64(t.drainEvery)*(1-drainWeight) + float64(d)*drainWeight)
 			}
@@ -197,18 +202,40 @@ func (t *Tenant) ObserveDispatch(now time.Time) {
 	t.lastDispatch = now
 }
 
+// ObserveBacklog records that a job was queued at now for the tenant while
+// it had none queued: the time since its last dispatch was idle, and its
+// queue's drain time counts from now (ObserveDispatch, DrainInterval).
+func (t *Tenant) ObserveBacklog(now time.Time) {
+	t.drainMu.Lock()
+	defer t.drainMu.Unlock()
+	if now.After(t.backlogFrom) {
+		t.backlogFrom = now
+	}
+}
+
+// drainFromLocked is the instant the drain interval running at now runs
+// from: the latest dispatch, or the start of the backlog when that is later
+// (and not after now).
+func (t *Tenant) drainFromLocked(now time.Time) time.Time {
+	if t.backlogFrom.After(t.lastDispatch) && !t.backlogFrom.After(now) {
+		return t.backlogFrom
+	}
+	return t.lastDispatch
+}
+
 // DrainInterval estimates the time until the tenant's queue drains one
 // more job at now: the moving average (EWMA, newest interval weighing
-// 0.25) of the intervals between its dispatches, stretched to the time
-// already waited since the last one when that is longer (a stalled queue
-// drains slower than it used to). ok is false before two dispatches.
+// 0.25) of the intervals between its dispatches while it had jobs queued,
+// stretched to the time already waited since the last one (or since its
+// queue last filled from empty, when later) when that is longer (a stalled
+// queue drains slower than it used to). ok is false before two dispatches.
 func (t *Tenant) DrainInterval(now time.Time) (d time.Duration, ok bool) {
 	t.drainMu.Lock()
 	defer t.drainMu.Unlock()
-	if t.drainEvery == 0 {
+	if !t.drainKnown {
 		return 0, false
 	}
-	return max(t.drainEvery, now.Sub(t.lastDispatch)), true
+	return max(t.drainEvery, now.Sub(t.drainFromLocked(now))), true
 }
 
 // AddDryRunRejection counts one request or job that Enforce would have
