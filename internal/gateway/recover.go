@@ -49,9 +49,13 @@ type recoveryStats struct {
 func (g *Gateway) recover(ctx context.Context) error {
 	pending := g.pending
 	g.pending = nil
-	if len(pending) == 0 {
+	if len(pending) == 0 && len(g.undelivered) == 0 {
 		return nil
 	}
+	// Also with no job to queue again: the webhooks Run delivers again
+	// after recover need their tenants (their signing secrets), and a
+	// tenant not loaded yet reads as removed (the delivery would fail for
+	// good).
 	for !g.reg.Ready() {
 		t := g.clock.NewTimer(recoverPoll)
 		select {
@@ -61,6 +65,9 @@ func (g *Gateway) recover(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C():
 		}
+	}
+	if len(pending) == 0 {
+		return nil
 	}
 	d := g.dispatch
 	now := g.clock.Now()

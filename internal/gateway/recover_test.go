@@ -269,6 +269,47 @@ func TestUndeliveredWebhookDeliveredAfterRestart(t *testing.T) {
 	}
 }
 
+// TestUndeliveredWebhookWaitsForTenantsAfterRestart: a scheduler that
+// restarts with no job to queue again but a completion webhook still to
+// deliver waits for its tenants to be loaded before delivering it: a
+// delivery tried before the TenantQuotas were synced found no tenant, took
+// it as removed and marked the webhook failed for good.
+func TestUndeliveredWebhookWaitsForTenantsAfterRestart(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	h := newHookServer(t, 200)
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	cut, err := e1.bolt.Create(jobs.Job{Tenant: "a", Status: jobs.StatusSucceeded, Endpoint: endpointCompletions, Model: testModel,
+		CreatedAt: t0, FinishedAt: t0, Deadline: t0.Add(time.Hour), WebhookURL: h.srv.URL, WebhookStatus: jobs.WebhookPending, WebhookAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.stop()
+
+	e2 := newDurableEnv(t, up, nil, path, t0.Add(time.Minute), false) // TenantQuotas not synced yet
+	webhookStatus := func() string {
+		j, _ := e2.store.Get(cut.ID)
+		return j.WebhookStatus
+	}
+	waitFor(t, "recovery polling or a delivery attempt", func() bool {
+		return e2.clock.HasWaiters() || webhookStatus() != jobs.WebhookPending
+	})
+	if j, err := e2.store.Get(cut.ID); err != nil || j.WebhookStatus != jobs.WebhookPending {
+		t.Fatalf("webhook status before the tenants were loaded: %q, %v; want %q", j.WebhookStatus, err, jobs.WebhookPending)
+	}
+	if err := e2.reg.UpsertTenant(tenants[0]); err != nil {
+		t.Fatal(err)
+	}
+	e2.reg.SetTenantsSynced()
+	e2.clock.Step(recoverPoll)
+	waitWebhook(t, e2.env, cut.ID, "delivered")
+	if calls := h.calls(); len(calls) != 1 || calls[0].jobID != cut.ID {
+		t.Errorf("webhook calls %+v, want exactly one for %s", calls, cut.ID)
+	}
+}
+
 // TestShutdownMidCallRequeuesAsRecovered: a job whose upstream call is in
 // flight when the scheduler stops goes back to the store queued, with the
 // attempt counted and Recovered set: the provider may have processed the
