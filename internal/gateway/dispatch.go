@@ -30,6 +30,9 @@ const (
 	// into [d/2, d].
 	retryBase = time.Second
 	retryCap  = time.Minute
+	// storeRetry is how long the dispatcher holds the starts of a model
+	// after the job store failed to record one.
+	storeRetry = time.Second
 )
 
 // Job error codes.
@@ -40,6 +43,9 @@ const (
 	jobCodeUpstream      = "upstream_error"
 	jobCodeCancelled     = "cancelled"
 )
+
+// errJobNotQueued refuses to start a job whose record is no longer queued.
+var errJobNotQueued = errors.New("job is no longer queued")
 
 // retry is a job waiting for its backoff to pass before it is put back at
 // its tenant's head.
@@ -478,7 +484,7 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 	seq := d.seq.Add(1)
 	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
 		if j.Status != jobs.StatusQueued {
-			return errors.New("job is no longer queued")
+			return errJobNotQueued
 		}
 		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
 		if j.StartedAt.IsZero() {
@@ -487,9 +493,23 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		}
 		return nil
 	})
-	if err != nil { // cancelled or removed meanwhile
+	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
-		return -1, false
+		if errors.Is(err, errJobNotQueued) || errors.Is(err, jobs.ErrNotFound) {
+			// Finished or removed meanwhile: nothing left to send.
+			d.forget(fj.ID)
+			return -1, false
+		}
+		// The store could not record the start (a failed write: a full
+		// volume): the job is not sent, and goes back to its tenant's head
+		// rather than leaving the queue while its record still says queued
+		// (it was then never sent, never expired and could not be
+		// cancelled until a restart). Starts of its model are held for
+		// storeRetry, so that a store that keeps failing is not retried in
+		// a busy loop (the call's release wakes the loop at once).
+		g.log.Error(err, "recording a job's start failed; the job stays queued", "job", fj.ID)
+		requeue()
+		return storeRetry, false
 	}
 	t.ObserveDispatch(now)
 	d.wg.Add(1)

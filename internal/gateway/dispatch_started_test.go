@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
@@ -68,5 +71,58 @@ func TestJobStartedAtIsItsOwnDispatch(t *testing.T) {
 		if !started[seq].After(started[seq-1]) {
 			t.Errorf("job dispatched %d-th started at %v, not after the %d-th (%v)", seq, started[seq], seq-1, started[seq-1])
 		}
+	}
+}
+
+// failingStartStore fails the next fails writes that start a queued job, as
+// a store whose volume is full does.
+type failingStartStore struct {
+	*jobs.MemStore
+	fails *atomic.Int64
+}
+
+func (s failingStartStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
+	if j, err := s.MemStore.Get(id); err == nil && j.Status == jobs.StatusQueued && s.fails.Add(-1) >= 0 {
+		return j, errors.New("write /var/lib/fairshare/jobs.db: no space left on device")
+	}
+	return s.MemStore.Update(id, fn)
+}
+
+// TestJobStartNotRecordedStaysQueued: a job whose start the store fails to
+// record is not sent and stays queued, and a pass storeRetry later sends it
+// (not a busy loop of failing writes before that). It used
+// to leave the fair queue while its record still said queued: never sent,
+// never expired, and refused cancellation ("being dispatched") until a
+// restart.
+func TestJobStartNotRecordedStaysQueued(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var fails atomic.Int64
+	fails.Store(1)
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+			return failingStartStore{MemStore: m, fails: &fails}
+		}))
+	id := e.submit("key-a", jobBody(10, 100, "")).ID
+	waitFor(t, "the failed start", func() bool { return fails.Load() == 0 })
+	waitFor(t, "the job back in the queue", func() bool {
+		var queued bool
+		e.reg.WithQueue(func(q *fairqueue.Queue) { queued = q.Queued(e.gw.dispatch.byID[id]) })
+		return queued
+	})
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("upstream calls after the failed start: %d, want 0", n)
+	}
+	e.gw.dispatch.wake()
+	waitFor(t, "a pass after the failed start", func() bool { return e.gw.dispatch.passes.Load() >= 3 })
+	if n := fails.Load(); n != 0 {
+		t.Fatalf("store writes tried before storeRetry: %d, want 1", 1-n)
+	}
+	if s := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()); s.InFlight != 0 {
+		t.Errorf("tenant in flight after the failed start: %d, want 0", s.InFlight)
+	}
+	e.clock.Step(storeRetry) // the next pass may start it
+	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+	if n := up.calls.Load(); n != 1 {
+		t.Errorf("upstream calls: %d, want 1", n)
 	}
 }
