@@ -483,7 +483,10 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 	}
 	seq := d.seq.Add(1)
 	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
-		if j.Status != jobs.StatusQueued {
+		// A job taken from the fair queue whose record says running is one
+		// whose return to the queue the store failed to record
+		// (requeueWith, retryLaterAfter): it is the dispatcher's to start.
+		if j.Status != jobs.StatusQueued && j.Status != jobs.StatusRunning {
 			return errJobNotQueued
 		}
 		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
@@ -657,8 +660,14 @@ func (d *dispatcher) requeueWith(fj *fairqueue.Job, set func(j *jobs.Job)) {
 		set(j)
 		return nil
 	}); err != nil {
-		d.forget(fj.ID) // the job is gone from the store
-		return
+		if errors.Is(err, jobs.ErrNotFound) {
+			d.forget(fj.ID) // the job is gone from the store
+			return
+		}
+		// A failed write (a full volume): the job is queued again all the
+		// same, with its record still saying running, rather than lost
+		// until a restart.
+		g.log.Error(err, "recording a job queued again failed; it is queued all the same", "job", fj.ID)
 	}
 	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
 	d.wake()
@@ -692,8 +701,12 @@ func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.
 		j.Error = &jobs.Error{Code: jobCodeUpstream, Message: msg + " Retrying."}
 		return nil
 	}); err != nil {
-		d.forget(fj.ID) // the job is gone from the store
-		return
+		if errors.Is(err, jobs.ErrNotFound) {
+			d.forget(fj.ID) // the job is gone from the store
+			return
+		}
+		// A failed write: retried all the same (see requeueWith).
+		g.log.Error(err, "recording a job's retry failed; it is retried all the same", "job", fj.ID)
 	}
 	g.reg.WithQueue(func(*fairqueue.Queue) {
 		d.retrying[fj.Tenant]++

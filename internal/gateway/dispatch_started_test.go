@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,5 +125,88 @@ func TestJobStartNotRecordedStaysQueued(t *testing.T) {
 	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
 	if n := up.calls.Load(); n != 1 {
 		t.Errorf("upstream calls: %d, want 1", n)
+	}
+}
+
+// failingRequeueStore fails the next fails writes that take a running job
+// back to queued, as a store whose volume is full does.
+type failingRequeueStore struct {
+	*jobs.MemStore
+	fails *atomic.Int64
+}
+
+func (s failingRequeueStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
+	if j, err := s.MemStore.Get(id); err == nil && j.Status == jobs.StatusRunning {
+		probe := j
+		if fn(&probe) == nil && probe.Status == jobs.StatusQueued && s.fails.Add(-1) >= 0 {
+			return j, errors.New("write /var/lib/fairshare/jobs.db: no space left on device")
+		}
+	}
+	return s.MemStore.Update(id, fn)
+}
+
+// TestJobRequeueNotRecordedIsStillSent: a job that the provider answers
+// with 429 (or 5xx) and whose return to the queue the store fails to record
+// is queued again all the same and sent once the pause (or backoff) ends.
+// It used to be dropped from the dispatcher with its record saying
+// running, until a restart.
+func TestJobRequeueNotRecordedIsStillSent(t *testing.T) {
+	for _, status := range []int{http.StatusTooManyRequests, http.StatusInternalServerError} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			var calls atomic.Int64
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if calls.Add(1) == 1 {
+					w.Header().Set("Retry-After", "1")
+					w.WriteHeader(status)
+					return
+				}
+				okJSON(10, 20)(w, r, body)
+			})
+			var fails atomic.Int64
+			fails.Store(1)
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+				withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+					return failingRequeueStore{MemStore: m, fails: &fails}
+				}))
+			id := e.submit("key-a", jobBody(10, 100, "")).ID
+			waitFor(t, "the failed write", func() bool { return fails.Load() == 0 })
+			for i := 0; e.storeStatus(id) != jobs.StatusSucceeded; i++ {
+				if i == 100 {
+					t.Fatalf("job %s: status %s after %d upstream calls, want succeeded", id, e.storeStatus(id), calls.Load())
+				}
+				e.clock.Step(time.Second)
+				e.gw.dispatch.wake()
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := calls.Load(); n != 2 {
+				t.Errorf("upstream calls: %d, want 2", n)
+			}
+		})
+	}
+}
+
+// TestRecoveredJobNotRecordedIsStillSent: a job left running by the last
+// run whose return to the queue the store fails to record at restart is
+// queued again all the same and sent, instead of staying running until the
+// next restart.
+func TestRecoveredJobNotRecordedIsStillSent(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var fails atomic.Int64
+	fails.Store(1)
+	var id string
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, c *clocktesting.FakeClock) jobs.Store {
+			j, err := m.Create(jobs.Job{Tenant: "a", Status: jobs.StatusRunning, Endpoint: endpointCompletions, Model: testModel,
+				Body: []byte(completionsBody(10, 100, "")), PromptTokens: 10, MaxOutputTokens: 100,
+				CreatedAt: c.Now(), StartedAt: c.Now(), Deadline: c.Now().Add(time.Hour), Attempts: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id = j.ID
+			return failingRequeueStore{MemStore: m, fails: &fails}
+		}))
+	waitFor(t, "the recovered job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+	if n, f := up.calls.Load(), fails.Load(); n != 1 || f != 0 {
+		t.Errorf("upstream calls %d, failed writes %d; want 1 and 1", n, 1-f)
 	}
 }

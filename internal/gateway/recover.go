@@ -15,6 +15,10 @@ import (
 // pool and the tenants loaded before it queues the stored jobs again.
 const recoverPoll = 100 * time.Millisecond
 
+// errJobNotRunning refuses to recover a job whose record is no longer
+// running.
+var errJobNotRunning = errors.New("job is no longer running")
+
 // recoveryStats counts what recover did with the stored jobs (logged).
 type recoveryStats struct {
 	requeued, recovered, expired, failed int
@@ -89,12 +93,19 @@ func (g *Gateway) recover(ctx context.Context) error {
 		if j.Status == jobs.StatusRunning {
 			if _, err := g.store.Update(j.ID, func(s *jobs.Job) error {
 				if s.Status != jobs.StatusRunning {
-					return errors.New("job is no longer running")
+					return errJobNotRunning
 				}
 				s.Status, s.Recovered = jobs.StatusQueued, true
 				return nil
 			}); err != nil {
-				continue
+				if errors.Is(err, errJobNotRunning) || errors.Is(err, jobs.ErrNotFound) {
+					continue
+				}
+				// A failed write (a full volume): queued again all the same,
+				// its record still saying running (the dispatcher starts
+				// such a job: see dispatcher.start), rather than left
+				// running until the next restart.
+				g.log.Error(err, "recording a recovered job queued again failed; it is queued all the same", "job", j.ID)
 			}
 			st.recovered++
 		}
