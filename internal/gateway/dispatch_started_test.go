@@ -46,6 +46,9 @@ func TestJobStartedAtIsItsOwnDispatch(t *testing.T) {
 		ids = append(ids, e.submit("key-a", jobBody(10, 100, "")).ID)
 	}
 	e.clock.Step(61 * time.Second) // one pass starts all three
+	// A pass still running at the step sets its timer from the stepped
+	// clock (1 ms ahead, which the frozen clock never reaches): wake it.
+	e.gw.dispatch.wake()
 	waitFor(t, "the jobs to succeed", func() bool {
 		for _, id := range ids {
 			if e.storeStatus(id) != jobs.StatusSucceeded {
@@ -122,6 +125,7 @@ func TestJobStartNotRecordedStaysQueued(t *testing.T) {
 		t.Errorf("tenant in flight after the failed start: %d, want 0", s.InFlight)
 	}
 	e.clock.Step(storeRetry) // the next pass may start it
+	e.gw.dispatch.wake()     // (a pass running at the step timed its wake from the stepped clock)
 	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
 	if n := up.calls.Load(); n != 1 {
 		t.Errorf("upstream calls: %d, want 1", n)
