@@ -757,6 +757,7 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 		}
 		j.Status, j.FinishedAt, j.Response, j.Usage = st, now, resp, u
 		j.Error = nil
+		markWebhookPending(j)
 		if e.Code != "" {
 			ee := e
 			j.Error = &ee
@@ -780,6 +781,17 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 		}
 	}
 	g.notifyWebhook(job)
+}
+
+// markWebhookPending records, in the write that finishes job j, that its
+// completion webhook is to be delivered: a restart delivers the webhooks
+// still pending (jobs.WebhookLister), so a process that stops right after
+// the finishing write (before the notifier's own write, or once the
+// notifier has stopped) still delivers it.
+func markWebhookPending(j *jobs.Job) {
+	if j.WebhookURL != "" && j.WebhookStatus == "" {
+		j.WebhookStatus = webhookPending
+	}
 }
 
 // cancel cancels a queued job (in the fair queue or waiting for a retry
@@ -809,6 +821,7 @@ func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
 	j, err := g.store.Update(id, func(j *jobs.Job) error {
 		j.Status, j.FinishedAt = jobs.StatusCancelled, now
 		j.Error = &jobs.Error{Code: jobCodeCancelled, Message: "The job was cancelled by the tenant."}
+		markWebhookPending(j)
 		return nil
 	})
 	if err != nil {

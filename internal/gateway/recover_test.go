@@ -310,6 +310,37 @@ func TestUndeliveredWebhookWaitsForTenantsAfterRestart(t *testing.T) {
 	}
 }
 
+// TestWebhookOfJobFinishedAtShutdownDeliveredAfterRestart: a job finished
+// (here cancelled) while the scheduler stops, after its webhook notifier has
+// stopped, has its webhook delivered by the next scheduler: the finishing
+// write records it pending. It used to be left without a webhook status,
+// which a restart does not deliver (and which the API showed as pending
+// for ever).
+func TestWebhookOfJobFinishedAtShutdownDeliveredAfterRestart(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	h := newHookServer(t, 200)
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	e1.pause(time.Minute)
+	id := e1.submit("key-a", jobBody(10, 20, `,"webhookURL":"`+h.srv.URL+`"`)).ID
+	e1.gw.hooks.stop() // the scheduler is stopping
+	if resp := e1.do("DELETE", "/v1/jobs/"+id, "key-a", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("cancel: %d", resp.StatusCode)
+	}
+	e1.stop()
+	if n := len(h.calls()); n != 0 {
+		t.Fatalf("webhook calls before the restart: %d", n)
+	}
+
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Minute), true)
+	waitWebhook(t, e2.env, id, "delivered")
+	if calls := h.calls(); len(calls) != 1 || calls[0].jobID != id || calls[0].view.Status != jobs.StatusCancelled {
+		t.Errorf("webhook calls %+v, want one for the cancelled job %s", calls, id)
+	}
+}
+
 // TestShutdownMidCallRequeuesAsRecovered: a job whose upstream call is in
 // flight when the scheduler stops goes back to the store queued, with the
 // attempt counted and Recovered set: the provider may have processed the
