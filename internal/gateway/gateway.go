@@ -274,6 +274,10 @@ func New(o Options) *Gateway {
 	if pl, ok := o.Store.(jobs.PendingLister); ok {
 		g.pending = pl.Pending()
 	}
+	if sl, ok := o.Store.(jobs.DispatchSeqLister); ok {
+		// dispatch_seq goes on from the stored jobs' after a restart.
+		g.dispatch.seq.Store(sl.MaxDispatchSeq())
+	}
 	g.reg.OnChange(g.dispatch.wake)
 	g.reg.OnTenantRemoved(g.tenantRemoved)
 	g.mux = http.NewServeMux()

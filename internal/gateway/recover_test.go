@@ -400,3 +400,36 @@ func TestRecoverExpiredAfterAnAttemptSaysSo(t *testing.T) {
 		t.Errorf("job: %s %+v, want expired %q", j.Status, j.Error, want)
 	}
 }
+
+// TestDispatchSeqContinuesAfterRestart: a scheduler restarted on a durable
+// job store numbers its dispatches after the largest dispatch_seq stored,
+// so that dispatch_seq orders the pool's calls across the restart; it
+// started again at 1.
+func TestDispatchSeqContinuesAfterRestart(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	tenants := []registry.TenantPolicy{tenant("a", limiter.Limits{})}
+	path := filepath.Join(t.TempDir(), "jobs.db")
+
+	e1 := newDurableEnv(t, up, tenants, path, t0, true)
+	var first []string
+	for range 3 {
+		first = append(first, e1.submit("key-a", jobBody(10, 20, "")).ID)
+	}
+	waitFor(t, "three jobs succeeded", func() bool { return e1.store.Counts()[jobs.StatusSucceeded] == 3 })
+	e1.stop()
+
+	e2 := newDurableEnv(t, up, tenants, path, t0.Add(time.Minute), true)
+	id := e2.submit("key-a", jobBody(10, 20, "")).ID
+	waitFor(t, "the fourth job succeeded", func() bool { return e2.store.Counts()[jobs.StatusSucceeded] == 4 })
+	var seqs []int64
+	for _, id := range append(first, id) {
+		j, err := e2.store.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, j.DispatchSeq)
+	}
+	if want := []int64{1, 2, 3, 4}; !slices.Equal(seqs, want) {
+		t.Errorf("dispatch_seq of the jobs before and after the restart: %v, want %v", seqs, want)
+	}
+}

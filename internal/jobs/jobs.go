@@ -155,6 +155,14 @@ type WebhookLister interface {
 	UndeliveredWebhooks() []Job
 }
 
+// DispatchSeqLister is implemented by stores that can tell the largest
+// DispatchSeq of the jobs they hold (MemStore, BoltStore): a restarted
+// scheduler numbers its dispatches after it, so that dispatch_seq keeps
+// ordering the pool's calls across restarts.
+type DispatchSeqLister interface {
+	MaxDispatchSeq() int64
+}
+
 // Store persists jobs. Implementations are safe for concurrent use and
 // return copies of Job.
 type Store interface {

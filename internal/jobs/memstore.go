@@ -319,6 +319,18 @@ func (s *MemStore) Pending() []Job {
 	return out
 }
 
+// MaxDispatchSeq returns the largest DispatchSeq of the stored jobs (0
+// when none was dispatched): DispatchSeqLister.
+func (s *MemStore) MaxDispatchSeq() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var m int64
+	for _, e := range s.byID {
+		m = max(m, e.job.DispatchSeq)
+	}
+	return m
+}
+
 // UndeliveredWebhooks returns the finished jobs whose completion webhook
 // was still being delivered (WebhookStatus "pending") when the store was
 // last written, of all tenants, in submission order: what a restarted
