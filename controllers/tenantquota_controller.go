@@ -172,8 +172,9 @@ func (r *TenantQuotaReconciler) reconcileStatus(ctx context.Context, tq, desired
 // SetupWithManager registers the field indexes and the reconciler. It runs on
 // TenantQuota spec changes; on the creation or deletion of a TenantQuota with
 // the same pool and tenant id (a DuplicateTenantID conflict appears or
-// resolves); and for every tenant of a pool that is created, deleted or
-// flips Ready. The scheduler's periodic status writes trigger nothing.
+// resolves); and for every tenant of a pool that is created, deleted,
+// flips Ready or, while not Ready, changes the reason its tenants' Ready
+// message names. The scheduler's periodic status writes trigger nothing.
 func (r *TenantQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	ctx := context.Background()
 	indexer := mgr.GetFieldIndexer()
@@ -232,12 +233,22 @@ var existsOrTerminating = predicate.Funcs{
 }
 
 // poolExistsOrReadyChanged passes pool creations, deletions, and updates that
-// flip the pool's Ready condition status.
+// change what its tenants' Ready condition says of it: the pool's Ready
+// status, or, while it is not Ready, the reason the tenants' message names
+// (poolNotReadyWhy: a pool that gets its first conditions, goes from
+// ProviderSecretNotFound to SchedulerProgressing, or whose spec becomes
+// invalid). A change of the pool's messages alone passes nothing.
 var poolExistsOrReadyChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		oldPool, ok1 := e.ObjectOld.(*v1alpha1.ProviderPool)
 		newPool, ok2 := e.ObjectNew.(*v1alpha1.ProviderPool)
-		return ok1 && ok2 && poolReady(oldPool) != poolReady(newPool)
+		if !ok1 || !ok2 {
+			return false
+		}
+		if poolReady(oldPool) != poolReady(newPool) {
+			return true
+		}
+		return !poolReady(newPool) && poolNotReadyWhy(oldPool) != poolNotReadyWhy(newPool)
 	},
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }

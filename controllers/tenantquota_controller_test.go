@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
@@ -168,4 +170,46 @@ func TestTenantQuotaDuplicateHolderTerminating(t *testing.T) {
 	if err := k8sClient.Update(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestTenantQuotaReadyFollowsPoolReason: a tenant of a pool that is not
+// Ready names the pool's reason in its Ready message, and that reason
+// follows the pool while it stays not Ready: ProviderSecretNotFound, then
+// SchedulerProgressing once the Secret exists, then the pool's Accepted
+// reason once its spec becomes invalid. The tenant's Ready status never
+// flips on the way, so only the pool's reason can say what changed.
+func TestTenantQuotaReadyFollowsPoolReason(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "why")
+	pool.Spec.Upstream.CredentialsSecretRef = &v1alpha1.SecretKeyRef{Name: "provider-key"}
+	create(t, pool)
+	eventually(t, "pool Ready=False ProviderSecretNotFound", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretNotFound))
+	tq := makeTenant(ns, "acme", "why", "")
+	create(t, tq)
+	wantReadyMessage := func(want string) func() error {
+		return func() error {
+			if err := wantCondition(tq, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonPoolNotReady)(); err != nil {
+				return err
+			}
+			if msg := apimeta.FindStatusCondition(tq.Status.Conditions, v1alpha1.ConditionReady).Message; msg != want {
+				return fmt.Errorf("Ready message %q, want %q", msg, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, "tenant names ProviderSecretNotFound", wantReadyMessage(`ProviderPool "why" is not Ready (ProviderSecretNotFound); see kubectl describe providerpool why`))
+
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provider-key"}, StringData: map[string]string{"api-key": "k"}})
+	eventually(t, "pool Ready=False SchedulerProgressing", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing))
+	eventually(t, "tenant names SchedulerProgressing", wantReadyMessage(`ProviderPool "why" is not Ready (SchedulerProgressing); see kubectl describe providerpool why`))
+
+	updateWithRetry(t, pool, func() {
+		pool.Spec.Scheduler.Resources = &corev1.ResourceRequirements{
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m")},
+		}
+	})
+	eventually(t, "pool Accepted=False InvalidSpec", wantCondition(pool, v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec))
+	eventually(t, "tenant names the pool's InvalidSpec", wantReadyMessage(`ProviderPool "why" is not Ready: its Accepted condition is False (InvalidSpec); see kubectl describe providerpool why`))
 }
