@@ -306,14 +306,17 @@ type JobStoreSpec struct {
 	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="spec.scheduler.jobStore.size must be a positive quantity",messageExpression="'spec.scheduler.jobStore.size must be a positive quantity, not \"' + string(self) + '\"'"
 	Size *resource.Quantity `json:"size,omitempty"`
 
-	// storageClassName of the claim. Unset: the cluster's default
-	// StorageClass. Immutable once set. Set later, it reaches a claim that
-	// has no class yet (Pending, in a cluster without a default class); one
-	// that differs from the existing claim's class is reported in the
-	// pool's Ready condition (a claim's class cannot change).
+	// storageClassName of the claim: a StorageClass name, a DNS-1123
+	// subdomain (lowercase letters, digits, '-' and '.') of at most 253
+	// characters, as the API server requires of a claim's class. Unset: the
+	// cluster's default StorageClass. Immutable once set. Set later, it
+	// reaches a claim that has no class yet (Pending, in a cluster without a
+	// default class); one that differs from the existing claim's class is
+	// reported in the pool's Ready condition (a claim's class cannot change).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	StorageClassName *string `json:"storageClassName,omitempty"`
 
 	// accessMode of the claim: ReadWriteOnce (the default) or ReadWriteMany.

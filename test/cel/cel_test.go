@@ -244,6 +244,14 @@ func TestCreateValidation(t *testing.T) {
 		"poolRef name of 54 characters": {gvk: tqGVK, spec: with(validTenant(), "poolRef.name", strings.Repeat("p", 54)),
 			wantErr: []string{"spec.poolRef.name", "may not be more than 53"}},
 		"explicit empty tier": {gvk: tqGVK, spec: with(validTenant(), "tier", "")},
+		// A claim's class must be a DNS-1123 subdomain: refused here, not
+		// accepted and then, being immutable once set, stuck on a claim the
+		// API server refuses.
+		"storage class not a DNS subdomain": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", "Fast_SSD"),
+			wantErr: []string{"spec.scheduler.jobStore.storageClassName", "should match"}, causes: 1},
+		"storage class with a space": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", "fast ssd"),
+			wantErr: []string{"spec.scheduler.jobStore.storageClassName", "should match"}, causes: 1},
+		"storage class of a dotted name": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", "ebs.csi.aws.com-gp3")},
 		"job store of 10Gi on a class": {gvk: poolGVK,
 			spec: with(with(validPool(), "scheduler.jobStore.size", "10Gi"), "scheduler.jobStore.storageClassName", "fast")},
 	}
