@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -82,6 +83,9 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 			"spec.scheduler.replicas > 1 with a ReadWriteOnce job store claim: a standby on another node cannot mount it; "+
 				"set spec.scheduler.jobStore.type Memory, then Volume with accessMode ReadWriteMany")
 	}
+	if err := r.checkOwnership(ctx, pool, objs.List()); err != nil {
+		return objectsResult{applyErr: err}
+	}
 	var claimErr error // a refused resize of an existing claim: reported, not blocking
 	for _, obj := range objs.List() {
 		existing := false
@@ -128,6 +132,70 @@ func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1a
 		}
 	}
 	return objectsResult{deployment: objs.Deployment, applyErr: claimErr}
+}
+
+// checkOwnership returns an error naming the first of objs (the pool's
+// rendered objects) that exists in the cluster and does not belong to the
+// pool, before anything is applied: an apply would make the pool its
+// controller owner, so that deleting the pool would garbage-collect an
+// object someone else created (a ConfigMap or Service that happened to be
+// named "<pool>-scheduler"), or mix its fields with the rendered ones. An
+// object belongs to the pool when its controller reference is a
+// ProviderPool of the pool's name (this pool, or a deleted pool of the
+// same name whose objects the garbage collector has not removed yet), or,
+// without a controller reference (orphaned by a deletion with
+// --cascade=orphan), when it carries the pool's label v1alpha1.LabelPool.
+// The cache holds only the objects with the operator's managed-by label
+// (CacheByObject); one it does not have is looked for past it, by its
+// metadata only, with the API reader (WithAPIReader; without one, only the
+// cache is checked).
+func (r *ProviderPoolReconciler) checkOwnership(ctx context.Context, pool *v1alpha1.ProviderPool, objs []render.Object) error {
+	for _, obj := range objs {
+		gvk := obj.GetObjectKind().GroupVersionKind()
+		key := client.ObjectKeyFromObject(obj)
+		var found metav1.Object
+		cur, ok := obj.DeepCopyObject().(client.Object)
+		if !ok {
+			return fmt.Errorf("%s %s is not a client.Object", gvk.Kind, key)
+		}
+		err := r.client.Get(ctx, key, cur)
+		switch {
+		case err == nil:
+			found = cur
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("getting %s %s: %w", gvk.Kind, key, err)
+		case r.apiReader != nil:
+			m := &metav1.PartialObjectMetadata{}
+			m.SetGroupVersionKind(gvk)
+			switch err := r.apiReader.Get(ctx, key, m); {
+			case err == nil:
+				found = m
+			case !apierrors.IsNotFound(err):
+				return fmt.Errorf("getting %s %s: %w", gvk.Kind, key, err)
+			}
+		}
+		if found == nil || belongsToPool(found, pool) {
+			continue
+		}
+		owner := "no controller and not the label " + v1alpha1.LabelPool + "=" + pool.Name
+		if ref := metav1.GetControllerOf(found); ref != nil {
+			owner = fmt.Sprintf("controlled by %s %s", ref.Kind, ref.Name)
+		}
+		return fmt.Errorf("%s %s already exists and does not belong to ProviderPool %s (%s): "+
+			"the operator does not take over objects it did not create; delete or rename it, or give the pool another name",
+			gvk.Kind, key, pool.Name, owner)
+	}
+	return nil
+}
+
+// belongsToPool reports whether o, an object named like one of pool's
+// rendered objects, is the pool's own (see checkOwnership).
+func belongsToPool(o metav1.Object, pool *v1alpha1.ProviderPool) bool {
+	if ref := metav1.GetControllerOf(o); ref != nil {
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		return err == nil && gv.Group == v1alpha1.GroupVersion.Group && ref.Kind == "ProviderPool" && ref.Name == pool.Name
+	}
+	return o.GetLabels()[v1alpha1.LabelPool] == pool.Name
 }
 
 // tenantSecrets returns the names of the key Secrets of the pool's tenants

@@ -200,3 +200,50 @@ func TestProviderPoolDeletion(t *testing.T) {
 		return fmt.Errorf("pool still present (err %v)", err)
 	})
 }
+
+// TestProviderPoolDoesNotTakeOverForeignObjects: a ConfigMap named
+// "<pool>-scheduler" that someone else created before the pool is not taken
+// over (applied with the pool as its controller owner, so that deleting the
+// pool would delete it): the pool is Ready False RenderFailed naming it,
+// nothing of the pool is applied, and the ConfigMap keeps its data and has
+// no owner. Once it is deleted, the pool's objects are created.
+func TestProviderPoolDoesNotTakeOverForeignObjects(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	foreign := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "taken-scheduler"},
+		Data:       map[string]string{"mine": "important"},
+	}
+	create(t, foreign)
+	pool := makePool(ns, "taken")
+	create(t, pool)
+	eventually(t, "Ready=False RenderFailed", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonRenderFailed))
+	want := fmt.Sprintf("ConfigMap %s/taken-scheduler already exists and does not belong to ProviderPool taken", ns)
+	if msg := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady).Message; !strings.Contains(msg, want) {
+		t.Errorf("Ready message %q, want it to contain %q", msg, want)
+	}
+	get(t, ns, "taken-scheduler", foreign)
+	if refs := foreign.GetOwnerReferences(); len(refs) != 0 || foreign.Data["mine"] != "important" || len(foreign.Data) != 1 {
+		t.Errorf("foreign ConfigMap taken over: owners %+v, data %v", refs, foreign.Data)
+	}
+	for _, obj := range []client.Object{&corev1.ServiceAccount{}, &corev1.Service{}, &appsv1.Deployment{}} {
+		if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "taken-scheduler"}, obj); !apierrors.IsNotFound(err) {
+			t.Errorf("%T of a pool whose ConfigMap name is taken: got %v, want NotFound", obj, err)
+		}
+	}
+
+	if err := k8sClient.Delete(context.Background(), foreign); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pool's own ConfigMap", func() error {
+		cm := &corev1.ConfigMap{}
+		if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "taken-scheduler"}, cm); err != nil {
+			return err
+		}
+		if ref := metav1.GetControllerOf(cm); ref == nil || ref.UID != pool.UID {
+			return fmt.Errorf("ConfigMap controller %+v, want the pool", ref)
+		}
+		return nil
+	})
+	eventually(t, "Ready=False SchedulerProgressing", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing))
+}
