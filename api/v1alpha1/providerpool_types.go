@@ -90,6 +90,17 @@ type SecretKeyRef struct {
 	Key string `json:"key,omitempty"`
 }
 
+// LocalSecretReference names a Secret in the object's own namespace.
+type LocalSecretReference struct {
+	// name is the Secret's name: a DNS-1123 subdomain (lowercase letters,
+	// digits, '-' and '.') of at most 253 characters, as every Secret name is.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+}
+
 // UpstreamSpec is the provider account the pool shares.
 type UpstreamSpec struct {
 	// baseURL is the provider's OpenAI-compatible base URL: an http:// or
@@ -346,6 +357,18 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:Pattern=`^(([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(@[a-z0-9]+([+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+)?)?$`
 	Image string `json:"image,omitempty"`
+
+	// imagePullSecrets names the Secrets (of type
+	// kubernetes.io/dockerconfigjson, in the pool's namespace) the scheduler
+	// pods pull their image with, for an image in a registry that needs
+	// credentials; at most 8. The Helm chart's imagePullSecrets are the
+	// operator pod's only: a Secret lives in one namespace, and each pool's
+	// scheduler pods run in the pool's.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	ImagePullSecrets []LocalSecretReference `json:"imagePullSecrets,omitempty"`
 
 	// resources of the scheduler container. A cpu or memory limit below its
 	// request, or a negative quantity, is refused (the Deployment's Pods would

@@ -551,7 +551,8 @@ func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Setting
 	}
 }
 
-// podSpec: with a Volume job store the claim is a volume and the pod's
+// podSpec: the image is pulled with spec.scheduler.imagePullSecrets; with
+// a Volume job store the claim is a volume and the pod's
 // fsGroup is RunAsUser (changed only when the volume root does not match
 // already, so a large store is not walked at every start), which makes the
 // volume writable by the non-root container.
@@ -569,6 +570,9 @@ func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
 				LocalObjectReference: corev1.LocalObjectReference{Name: Name(pool)},
 			}},
 		}},
+	}
+	for _, ref := range pool.Spec.Scheduler.ImagePullSecrets {
+		ps.ImagePullSecrets = append(ps.ImagePullSecrets, corev1.LocalObjectReference{Name: ref.Name})
 	}
 	if VolumeJobStore(pool) {
 		ps.SecurityContext.FSGroup = ptr.To(RunAsUser)

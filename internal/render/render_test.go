@@ -70,6 +70,9 @@ func fullPool() *v1alpha1.ProviderPool {
 		Scheduler: v1alpha1.SchedulerSpec{
 			Replicas: ptr.To[int32](3),
 			Image:    "registry.example.com/fairshare:v0.2.0",
+			// A private registry: the pods pull with the pool's own
+			// Secrets, in the listed order.
+			ImagePullSecrets: []v1alpha1.LocalSecretReference{{Name: "registry-b"}, {Name: "registry-a"}},
 			Resources: &corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
@@ -348,6 +351,29 @@ func TestRenderCredentials(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRenderImagePullSecrets: the scheduler pods pull their image with the
+// pool's spec.scheduler.imagePullSecrets (an image in a registry that needs
+// credentials could not be pulled otherwise), and with none when it names
+// none.
+func TestRenderImagePullSecrets(t *testing.T) {
+	pool := defaultPool()
+	objs, err := Render(pool, testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := objs.Deployment.Spec.Template.Spec.ImagePullSecrets; got != nil {
+		t.Errorf("imagePullSecrets of a pool that names none: %v, want none", got)
+	}
+	pool.Spec.Scheduler.ImagePullSecrets = []v1alpha1.LocalSecretReference{{Name: "regcred"}, {Name: "mirror"}}
+	if objs, err = Render(pool, testOptions); err != nil {
+		t.Fatal(err)
+	}
+	want := []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "mirror"}}
+	if diff := cmp.Diff(want, objs.Deployment.Spec.Template.Spec.ImagePullSecrets); diff != "" {
+		t.Errorf("imagePullSecrets (-want +got):\n%s", diff)
 	}
 }
 

@@ -252,6 +252,11 @@ func TestCreateValidation(t *testing.T) {
 		"storage class with a space": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", "fast ssd"),
 			wantErr: []string{"spec.scheduler.jobStore.storageClassName", "should match"}, causes: 1},
 		"storage class of a dotted name": {gvk: poolGVK, spec: with(validPool(), "scheduler.jobStore.storageClassName", "ebs.csi.aws.com-gp3")},
+		"image pull Secret not a DNS subdomain": {gvk: poolGVK, spec: with(validPool(), "scheduler.imagePullSecrets", []any{map[string]any{"name": "Reg_Cred"}}),
+			wantErr: []string{"spec.scheduler.imagePullSecrets[0].name", "should match"}, causes: 1},
+		"image pull Secret twice": {gvk: poolGVK, spec: with(validPool(), "scheduler.imagePullSecrets", []any{map[string]any{"name": "regcred"}, map[string]any{"name": "regcred"}}),
+			wantErr: []string{"spec.scheduler.imagePullSecrets[1]", "Duplicate value"}, causes: 1},
+		"image pull Secrets": {gvk: poolGVK, spec: with(validPool(), "scheduler.imagePullSecrets", []any{map[string]any{"name": "regcred"}, map[string]any{"name": "mirror.example"}})},
 		"job store of 10Gi on a class": {gvk: poolGVK,
 			spec: with(with(validPool(), "scheduler.jobStore.size", "10Gi"), "scheduler.jobStore.storageClassName", "fast")},
 	}
