@@ -3,8 +3,11 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
@@ -52,7 +55,9 @@ func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now meta
 //     requiredAvailable(deployment);
 //   - else False ProviderSecretNotFound, with secretProblem as message, when
 //     that is not "" (the pods cannot start without the provider Secret),
-//     or False SchedulerProgressing.
+//     or False SchedulerProgressing, the message completed with what the
+//     Deployment's ReplicaFailure and Progressing conditions say keeps its
+//     pods from becoming available (deploymentProblem).
 func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, secretProblem string, now metav1.Time) {
 	cond := metav1.Condition{
 		Type:               v1alpha1.ConditionReady,
@@ -74,12 +79,50 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 		if have >= want {
 			cond.Status = metav1.ConditionTrue
 			cond.Reason = v1alpha1.ReasonSchedulerAvailable
+		} else if why := deploymentProblem(deployment); why != "" {
+			cond.Message += ": " + why
 		}
 	}
 	if cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonSchedulerProgressing && secretProblem != "" {
 		cond.Reason, cond.Message = v1alpha1.ReasonProviderSecretNotFound, secretProblem
 	}
 	setCondition(&pool.Status.Conditions, cond, now)
+}
+
+// deploymentProblem returns what the Deployment's own conditions say
+// keeps its pods from becoming available, "" when they say nothing: its
+// ReplicaFailure condition when True (pods the API server refuses to
+// create: a ResourceQuota that wants limits, a Pod Security level, a
+// missing ServiceAccount), and its Progressing condition when False (the
+// rollout passed its progress deadline).
+func deploymentProblem(d *appsv1.Deployment) string {
+	var why []string
+	for _, c := range d.Status.Conditions {
+		switch {
+		case c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue:
+			why = append(why, fmt.Sprintf("its pods cannot be created (%s %s: %s)", c.Type, c.Reason, clip(c.Message)))
+		case c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse:
+			why = append(why, fmt.Sprintf("its rollout is stalled (%s %s: %s)", c.Type, c.Reason, clip(c.Message)))
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
+// maxQuotedMessage bounds the bytes of another object's condition message
+// quoted in a pool condition (whose message may hold 32768).
+const maxQuotedMessage = 1024
+
+// clip cuts msg to maxQuotedMessage bytes on a UTF-8 boundary, ending it
+// with "..." when cut.
+func clip(msg string) string {
+	if len(msg) <= maxQuotedMessage {
+		return msg
+	}
+	cut := maxQuotedMessage - len("...")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
 }
 
 // requiredAvailable is the number of available scheduler replicas that makes

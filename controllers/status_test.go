@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -95,6 +97,12 @@ func deploymentWith(replicas, generation, observed, available int32) *appsv1.Dep
 	return d
 }
 
+// withDeploymentConditions returns d with the given status conditions.
+func withDeploymentConditions(d *appsv1.Deployment, conds ...appsv1.DeploymentCondition) *appsv1.Deployment {
+	d.Status.Conditions = conds
+	return d
+}
+
 func TestSetReadyCondition(t *testing.T) {
 	tests := map[string]struct {
 		deployment *appsv1.Deployment
@@ -119,6 +127,29 @@ func TestSetReadyCondition(t *testing.T) {
 		"not available": {
 			deployment: deploymentWith(1, 1, 1, 0),
 			want:       metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing, Message: "Deployment p-scheduler has 0 of 1 required replicas available"},
+		},
+		"pods refused": {
+			deployment: withDeploymentConditions(deploymentWith(1, 1, 1, 0), appsv1.DeploymentCondition{
+				Type: appsv1.DeploymentReplicaFailure, Status: corev1.ConditionTrue, Reason: "FailedCreate",
+				Message: `pods "p-scheduler-5d8f9" is forbidden: failed quota: compute: must specify limits.cpu for: scheduler`,
+			}, appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "ReplicaSetUpdated"}),
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing,
+				Message: `Deployment p-scheduler has 0 of 1 required replicas available: its pods cannot be created (ReplicaFailure FailedCreate: pods "p-scheduler-5d8f9" is forbidden: failed quota: compute: must specify limits.cpu for: scheduler)`},
+		},
+		"rollout stalled": {
+			deployment: withDeploymentConditions(deploymentWith(1, 1, 1, 0), appsv1.DeploymentCondition{
+				Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: "ProgressDeadlineExceeded",
+				Message: `ReplicaSet "p-scheduler-5d8f9" has timed out progressing.`,
+			}),
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing,
+				Message: `Deployment p-scheduler has 0 of 1 required replicas available: its rollout is stalled (Progressing ProgressDeadlineExceeded: ReplicaSet "p-scheduler-5d8f9" has timed out progressing.)`},
+		},
+		"long Deployment message clipped": {
+			deployment: withDeploymentConditions(deploymentWith(1, 1, 1, 0), appsv1.DeploymentCondition{
+				Type: appsv1.DeploymentReplicaFailure, Status: corev1.ConditionTrue, Reason: "FailedCreate", Message: strings.Repeat("é", 2000),
+			}),
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing,
+				Message: "Deployment p-scheduler has 0 of 1 required replicas available: its pods cannot be created (ReplicaFailure FailedCreate: " + strings.Repeat("é", 510) + "...)"},
 		},
 		"available": {
 			deployment: deploymentWith(1, 3, 3, 1),
