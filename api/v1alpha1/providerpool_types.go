@@ -371,8 +371,10 @@ type SchedulerSpec struct {
 	ImagePullSecrets []LocalSecretReference `json:"imagePullSecrets,omitempty"`
 
 	// resources of the scheduler container. A cpu or memory limit below its
-	// request, or a negative quantity, is refused (the Deployment's Pods would
-	// be): the pool is Accepted=False InvalidSpec.
+	// request, a negative quantity, a name that is not a container resource,
+	// an extended or hugepages request without a limit equal to it, or
+	// claims, is refused (the Deployment's Pods would be): the pool is
+	// Accepted=False InvalidSpec.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 

@@ -378,6 +378,34 @@ func validate(pool *v1alpha1.ProviderPool, opts Options) error {
 				}
 			}
 		}
+		// Names the API server refuses in a container's resources (a
+		// typo such as "memroy", a name that is not a qualified name), and
+		// resources it does not let a container overcommit (extended
+		// resources such as nvidia.com/gpu, hugepages-<size>) without a
+		// limit equal to the request.
+		for _, l := range []struct {
+			name string
+			list corev1.ResourceList
+		}{{"requests", r.Requests}, {"limits", r.Limits}} {
+			for _, k := range slices.Sorted(maps.Keys(l.list)) {
+				if !containerResourceName(k) {
+					errs = append(errs, fmt.Errorf("spec.scheduler.resources.%s.%s is not a container resource: use cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource (<domain>/<name>)", l.name, k))
+				}
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(r.Requests)) {
+			if !containerResourceName(k) || overcommittable(k) {
+				continue
+			}
+			if lim, ok := r.Limits[k]; !ok || lim.Cmp(r.Requests[k]) != 0 {
+				req := r.Requests[k]
+				errs = append(errs, fmt.Errorf("spec.scheduler.resources.requests.%s (%s) needs spec.scheduler.resources.limits.%s equal to it: %s cannot be overcommitted",
+					k, req.String(), k, k))
+			}
+		}
+		if len(r.Claims) > 0 {
+			errs = append(errs, fmt.Errorf("spec.scheduler.resources.claims (%d) is not supported: the scheduler pod has no resource claims", len(r.Claims)))
+		}
 		// The API server refuses such a Pod template (a limit below its
 		// request); CEL cannot compare the quantities of an unbounded
 		// resource map within its cost budget, so it is checked here.
@@ -390,6 +418,38 @@ func validate(pool *v1alpha1.ProviderPool, opts Options) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// containerResourceName reports whether the API server accepts name in a
+// container's resources (its validateContainerResourceName): without a
+// '/', cpu, memory, ephemeral-storage or hugepages-<size>; with one, a
+// qualified name in the kubernetes.io domain, or an extended resource (a
+// qualified name in another domain).
+func containerResourceName(name corev1.ResourceName) bool {
+	switch n := string(name); {
+	case name == corev1.ResourceCPU, name == corev1.ResourceMemory, name == corev1.ResourceEphemeralStorage:
+		return true
+	case strings.HasPrefix(n, corev1.ResourceHugePagesPrefix):
+		_, err := resource.ParseQuantity(strings.TrimPrefix(n, corev1.ResourceHugePagesPrefix))
+		return err == nil
+	case !strings.Contains(n, "/"):
+		return false
+	case strings.Contains(n, corev1.ResourceDefaultNamespacePrefix):
+		return len(validation.IsQualifiedName(n)) == 0
+	default:
+		return !strings.HasPrefix(n, corev1.DefaultResourceRequestsPrefix) &&
+			len(validation.IsQualifiedName(corev1.DefaultResourceRequestsPrefix+n)) == 0
+	}
+}
+
+// overcommittable reports whether a container's request of name may be
+// below its limit (the API server's IsOvercommitAllowed): the native
+// resources (no '/', or in the kubernetes.io domain) but hugepages, not
+// extended resources.
+func overcommittable(name corev1.ResourceName) bool {
+	n := string(name)
+	native := !strings.Contains(n, "/") || strings.Contains(n, corev1.ResourceDefaultNamespacePrefix)
+	return native && !strings.HasPrefix(n, corev1.ResourceHugePagesPrefix)
 }
 
 // meta returns the shared object metadata: name, namespace, labels and the

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -436,6 +437,59 @@ func TestRenderErrors(t *testing.T) {
 		want := "pool cannot be rendered: spec.scheduler.resources.requests.cpu (-1) must not be negative"
 		if !errors.Is(err, ErrInvalidPool) || err.Error() != want {
 			t.Errorf("Render error = %v, want %q", err, want)
+		}
+	})
+	t.Run("resources the API server refuses in a container", func(t *testing.T) {
+		for name, tc := range map[string]struct {
+			res  corev1.ResourceRequirements
+			want string
+		}{
+			"misspelt name": {
+				res:  corev1.ResourceRequirements{Requests: corev1.ResourceList{"memroy": resource.MustParse("1Gi")}},
+				want: "spec.scheduler.resources.requests.memroy is not a container resource: use cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource (<domain>/<name>)",
+			},
+			"not a qualified name": {
+				res:  corev1.ResourceRequirements{Limits: corev1.ResourceList{"example.com/Bad Name": resource.MustParse("1")}},
+				want: "spec.scheduler.resources.limits.example.com/Bad Name is not a container resource",
+			},
+			"requests. prefix": {
+				res:  corev1.ResourceRequirements{Limits: corev1.ResourceList{"requests.example.com/gpu": resource.MustParse("1")}},
+				want: "spec.scheduler.resources.limits.requests.example.com/gpu is not a container resource",
+			},
+			"extended resource without a limit": {
+				res:  corev1.ResourceRequirements{Requests: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}},
+				want: "spec.scheduler.resources.requests.nvidia.com/gpu (1) needs spec.scheduler.resources.limits.nvidia.com/gpu equal to it: nvidia.com/gpu cannot be overcommitted",
+			},
+			"hugepages below the limit": {
+				res: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{"hugepages-2Mi": resource.MustParse("2Mi"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+					Limits:   corev1.ResourceList{"hugepages-2Mi": resource.MustParse("4Mi")},
+				},
+				want: "spec.scheduler.resources.requests.hugepages-2Mi (2Mi) needs spec.scheduler.resources.limits.hugepages-2Mi equal to it",
+			},
+			"claims": {
+				res:  corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+				want: "spec.scheduler.resources.claims (1) is not supported: the scheduler pod has no resource claims",
+			},
+		} {
+			t.Run(name, func(t *testing.T) {
+				pool := defaultPool()
+				pool.Spec.Scheduler.Resources = &tc.res
+				_, err := Render(pool, testOptions)
+				if !errors.Is(err, ErrInvalidPool) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Render error = %v, want ErrInvalidPool containing %q", err, tc.want)
+				}
+			})
+		}
+		pool := defaultPool()
+		pool.Spec.Scheduler.Resources = &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceEphemeralStorage: resource.MustParse("1Gi"),
+				"nvidia.com/gpu": resource.MustParse("1"), "hugepages-2Mi": resource.MustParse("2Mi")},
+			Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1"), "hugepages-2Mi": resource.MustParse("2Mi"), "example.com/foo": resource.MustParse("3"),
+				"kubernetes.io/gpu": resource.MustParse("1")},
+		}
+		if _, err := Render(pool, testOptions); err != nil {
+			t.Errorf("resources the API server accepts: %v", err)
 		}
 	})
 	t.Run("spec image without default", func(t *testing.T) {
