@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -149,6 +150,18 @@ func TestRBACIsSufficient(t *testing.T) {
 		}
 	}
 
+	// A switch to Memory deletes the claim, with the role's verbs too.
+	pool.Spec.Scheduler.JobStore.Type = v1alpha1.JobStoreMemory
+	if res := r.reconcileObjects(ctx, pool); res.renderErr != nil || res.applyErr != nil {
+		t.Fatalf("switching to Memory as %s: %v %v", managerUser, res.renderErr, res.applyErr)
+	}
+	claim := &corev1.PersistentVolumeClaim{}
+	if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rbac-scheduler"}, claim); err == nil && claim.DeletionTimestamp.IsZero() {
+		t.Errorf("the job store claim of a pool switched to Memory is not deleted")
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+
 	escalate := makePool(ns, "escalate")
 	escalate.UID = types.UID("3f1c2a9e-0000-4000-8000-000000000002")
 	r = NewProviderPoolReconciler(asManager(t), testScheme, record.NewFakeRecorder(16),
@@ -172,6 +185,30 @@ func TestRBACIsSufficient(t *testing.T) {
 		}
 		if !sar.Status.Allowed {
 			t.Errorf("%s may not %s %s/%s", managerUser, attr.Verb, attr.Resource, attr.Subresource)
+		}
+	}
+}
+
+// TestRBACGrantsNoUnusedVerb: the operator's ClusterRole grants no verb the
+// operator never uses. It applies its objects with server-side apply
+// (create, patch) and deletes the job store claim of a pool switched to
+// Memory: it never updates a claim, and the claim holds the pool's jobs.
+func TestRBACGrantsNoUnusedVerb(t *testing.T) {
+	requireEnv(t)
+	installRBAC(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	for _, attr := range []authorizationv1.ResourceAttributes{
+		{Resource: "persistentvolumeclaims", Verb: "update", Namespace: ns},
+		{Resource: "secrets", Verb: "list", Namespace: ns},
+		{Group: "apps", Resource: "deployments", Verb: "delete", Namespace: ns},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser, ResourceAttributes: &attr}}
+		if err := k8sClient.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed {
+			t.Errorf("%s may %s %s, which the operator never does", managerUser, attr.Verb, attr.Resource)
 		}
 	}
 }

@@ -49,7 +49,7 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings;roles,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=tenantquotas,verbs=get;list;watch
 // The API server lets the operator create a Role granting GET on a Secret
