@@ -9,15 +9,20 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	crleaderelection "sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/fairshare-dev/fairshare/api/v1alpha1"
 )
 
 // Leader election durations, in time: controller-runtime's manager defaults
@@ -112,6 +117,10 @@ type election struct {
 	// renew it (client-go gave it up after RenewDeadline).
 	losses atomic.Int64
 
+	// owner, when set, returns the owner reference (the pool) the Lease is
+	// created with (ownLease).
+	owner func(context.Context) (*metav1.OwnerReference, error)
+
 	// gates counts the leader-only Runnables that have not returned yet;
 	// gatesDone is closed when it drops to zero after being positive.
 	gatesMu   sync.Mutex
@@ -165,6 +174,7 @@ func (e *election) NeedLeaderElection() bool { return false }
 // releasing the Lease) or until another replica is seen holding the Lease
 // after this one has led (ErrLeaseTaken).
 func (e *election) Start(ctx context.Context) error {
+	e.ownLease(ctx)
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	taken := make(chan string, 1)
@@ -231,6 +241,42 @@ func (e *election) Start(ctx context.Context) error {
 			<-runDone
 			return nil
 		}
+	}
+}
+
+// ownLease creates the Lease, empty and owned by the pool (e.owner), when
+// it does not exist yet, so that deleting the pool deletes it with the
+// pool's other objects (garbage collection) instead of leaving it behind:
+// client-go's lock creates a Lease without owner, and the scheduler may not
+// delete one. The lock then takes the empty Lease like an expired one and
+// keeps its metadata on every renewal. The owner reference is not a
+// controller's and does not block the pool's deletion (which would need
+// the update verb on providerpools/finalizers). Any error is logged and
+// left to the lock, which creates an unowned Lease as before.
+func (e *election) ownLease(ctx context.Context) {
+	if e.owner == nil {
+		return
+	}
+	ref, err := e.owner(ctx)
+	if err != nil {
+		e.log.Info("could not read the pool to own its Lease: the Lease is created without owner", "lease", e.leaseName, "error", err.Error())
+		return
+	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: e.leaseName, OwnerReferences: []metav1.OwnerReference{*ref}}}
+	if _, err := e.leases.Create(ctx, lease, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		e.log.Info("could not create the Lease owned by the pool: the Lease is created without owner", "lease", e.leaseName, "error", err.Error())
+	}
+}
+
+// poolOwner returns an election owner function: the owner reference of
+// the ProviderPool name in namespace, read with r (past any cache).
+func poolOwner(r client.Reader, namespace, name string) func(context.Context) (*metav1.OwnerReference, error) {
+	return func(ctx context.Context) (*metav1.OwnerReference, error) {
+		pool := &v1alpha1.ProviderPool{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, pool); err != nil {
+			return nil, err
+		}
+		return &metav1.OwnerReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ProviderPool", Name: pool.Name, UID: pool.UID}, nil
 	}
 }
 

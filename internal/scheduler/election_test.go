@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -337,5 +338,42 @@ func TestRunServesThroughAPIServerOutage(t *testing.T) {
 	}
 	if got := ptr.Deref(lease().Spec.HolderIdentity, ""); got != "" {
 		t.Errorf("Lease holder %q after a clean stop, want released", got)
+	}
+}
+
+// TestElectionLeaseOwnedByPool: the Lease a pool's scheduler replicas elect
+// their leader on is created owned by the pool (not as its controller), so
+// that deleting the pool deletes it with the pool's other objects instead
+// of leaving it behind; the elected replica holds it as before.
+func TestElectionLeaseOwnedByPool(t *testing.T) {
+	cfg, c := startAPI(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	ns := "owned"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	pool := &v1alpha1.ProviderPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"}, Spec: v1alpha1.ProviderPoolSpec{
+		Upstream: v1alpha1.UpstreamSpec{BaseURL: "http://127.0.0.1:1"}, Models: []v1alpha1.ModelSpec{{Name: "m"}}}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	fast := timing{lease: 3 * time.Second, renew: 2 * time.Second, retry: 500 * time.Millisecond}
+	e, err := newElection(cfg, recorders{}, ns, "pool-scheduler", fast, zap.New(zap.UseDevMode(true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.owner = poolOwner(c, ns, "pool")
+	done := make(chan error, 1)
+	go func() { done <- e.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var lease coordinationv1.Lease
+	poll(t, "the replica to hold the Lease", func() bool {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool-scheduler"}, &lease) == nil &&
+			ptr.Deref(lease.Spec.HolderIdentity, "") == e.Identity()
+	})
+	want := []metav1.OwnerReference{{APIVersion: "quota.fairshare.dev/v1alpha1", Kind: "ProviderPool", Name: "pool", UID: pool.UID}}
+	if diff := cmp.Diff(want, lease.OwnerReferences); diff != "" {
+		t.Errorf("Lease owner references (-want +got):\n%s", diff)
 	}
 }

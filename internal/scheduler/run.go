@@ -219,6 +219,7 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		if err != nil {
 			return err
 		}
+		e.owner = poolOwner(mgr.GetAPIReader(), s.Namespace, s.PoolName)
 		if err := mgr.Add(e); err != nil {
 			return err
 		}
