@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/limiter"
@@ -25,6 +28,35 @@ type call struct {
 	budget *registry.BudgetReservation
 	permit throttle.Permit
 	once   sync.Once
+	// wrote is set once the transport has written the whole upstream
+	// request (traced: httptrace.ClientTrace.WroteRequest).
+	wrote atomic.Bool
+}
+
+// traced returns ctx with a client trace that records in c.wrote when the
+// upstream request has been written in full: a call that times out after
+// that reached the provider (failedSettlement).
+func (c *call) traced(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			c.wrote.Store(true)
+		}
+	}})
+}
+
+// failedSettlement is how a call whose upstream round trip returned err
+// (no response) is settled: settleAbandoned when the request was written in
+// full and then timed out waiting for the provider (it reached the
+// provider, which counts the request and may bill its tokens: the request
+// stays charged, as for a client that leaves then; a refund would let calls
+// that always outlast the timeout use the pool's quota without moving the
+// tenant's request rate), else settleRefund (not sent, a refused or reset
+// connection: BC-22).
+func (c *call) failedSettlement(err error) settleKind {
+	if isTimeout(err) && c.wrote.Load() {
+		return settleAbandoned
+	}
+	return settleRefund
 }
 
 // settlement kinds.
@@ -47,9 +79,10 @@ const (
 	// the throttle is told 0 were used and the model is not paused.
 	settleRejected
 	// settleAbandoned settles a call whose client went away after it was
-	// sent and before the provider's first byte (limiter.Reservation.Abandon):
-	// its tokens are refunded, its request stays charged (the provider
-	// counted it).
+	// sent and before the provider's first byte, or that timed out waiting
+	// for the provider's answer after it was sent (failedSettlement;
+	// limiter.Reservation.Abandon): its tokens are refunded, its request
+	// stays charged (the provider counted it).
 	settleAbandoned
 )
 

@@ -350,6 +350,60 @@ func TestClientDisconnectWaitingForUpstream(t *testing.T) {
 	}
 }
 
+// TestUpstreamTimeoutAfterSendKeepsRequestCharge: a call sent in full to a
+// provider that does not answer within the pool's upstream timeout gets a
+// 504 upstream_timeout; its tokens are refunded but its request stays
+// charged (the provider received it and counts it), as for a client that
+// leaves while waiting. A call that never reached the provider (connection
+// refused) is refunded in full, request included (BC-22).
+func TestUpstreamTimeoutAfterSendKeepsRequestCharge(t *testing.T) {
+	up := newFaultSim(t, providersim.Config{Latency: 30 * time.Second})
+	const burst, requestBurst = 1_000_000, 100
+	pol := limitedTenant("a", burst)
+	pol.Limits.RequestsPerMinute, pol.Limits.RequestBurst = i64(6), i64(requestBurst) // refills 1 in 10 s
+	e := newClientEnv(t, up, []registry.TenantPolicy{pol}, Options{}, ServerOptions{})
+	pool := *e.reg.Pool()
+	pool.UpstreamTimeout = 200 * time.Millisecond
+	if err := e.reg.SetPool(pool); err != nil {
+		t.Fatal(err)
+	}
+	call := func() (int, string) {
+		body := strings.Replace(chatStreamBody(100), `"stream":true`, `"stream":false`, 1)
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+endpointChat, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer key-a")
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var eb errorBody
+		_ = json.NewDecoder(resp.Body).Decode(&eb)
+		return resp.StatusCode, eb.Error.Code
+	}
+	if st, code := call(); st != http.StatusGatewayTimeout || code != codeUpstreamTimeout {
+		t.Fatalf("timed-out call: %d %q, want 504 %q", st, code, codeUpstreamTimeout)
+	}
+	e.settledIdle(t, "a")
+	snap := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now())
+	if snap.TokensRemaining != burst || snap.RequestsRemaining != requestBurst-1 {
+		t.Fatalf("after a timeout: bucket %d, request bucket %d; want %d (tokens refunded), %d (the request stays charged)",
+			snap.TokensRemaining, snap.RequestsRemaining, burst, requestBurst-1)
+	}
+
+	// Nothing listens at the provider's address any more: the request is
+	// never sent, and is refunded in full.
+	up.srv.Close()
+	if st, code := call(); st != http.StatusBadGateway || code != codeUpstreamUnavailable {
+		t.Fatalf("unreachable provider: %d %q, want 502 %q", st, code, codeUpstreamUnavailable)
+	}
+	e.settledIdle(t, "a")
+	snap = e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now())
+	if snap.TokensRemaining != burst || snap.RequestsRemaining != requestBurst-1 {
+		t.Fatalf("after an unreachable provider: bucket %d, request bucket %d; want %d, %d (refunded in full)",
+			snap.TokensRemaining, snap.RequestsRemaining, burst, requestBurst-1)
+	}
+}
+
 // liveHeap is the live heap after a full collection, bytes.
 func liveHeap() uint64 {
 	runtime.GC()

@@ -529,7 +529,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	defer c.settle(settleRefund, limiter.Usage{}) // safety net; no-op once settled
 	cctx, cancel := context.WithTimeout(ctx, pool.UpstreamTimeout)
 	defer cancel()
-	req, err := g.newUpstreamRequest(cctx, pool, job.Endpoint, job.Body, http.Header{})
+	req, err := g.newUpstreamRequest(c.traced(cctx), pool, job.Endpoint, job.Body, http.Header{})
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		d.finish(g.clock.Now(), job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream, Message: "The provider URL is invalid."})
@@ -541,7 +541,11 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 	now := g.clock.Now()
 	g.metrics.ObserveUpstream(c.model.Name, now.Sub(sent))
 	if err != nil {
-		c.settle(settleRefund, limiter.Usage{})
+		if ctx.Err() != nil {
+			c.settle(settleRefund, limiter.Usage{})
+		} else {
+			c.settle(c.failedSettlement(err), limiter.Usage{})
+		}
 		g.metrics.UpstreamResponses.WithLabelValues(c.model.Name, "error").Inc()
 		if ctx.Err() != nil {
 			// Shutting down with the call in flight: the provider may have

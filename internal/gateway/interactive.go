@@ -76,7 +76,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), pool.UpstreamTimeout)
 	defer cancel()
-	upReq, err := g.newUpstreamRequest(ctx, pool, endpoint, upBody, r.Header)
+	upReq, err := g.newUpstreamRequest(c.traced(ctx), pool, endpoint, upBody, r.Header)
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		g.refuse(w, t, &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamUnavailable, message: "The provider URL is invalid."})
@@ -91,7 +91,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		if r.Context().Err() != nil {
 			c.settle(settleAbandoned, limiter.Usage{})
 		} else {
-			c.settle(settleRefund, limiter.Usage{})
+			c.settle(c.failedSettlement(err), limiter.Usage{})
 		}
 		g.metrics.UpstreamResponses.WithLabelValues(m.Name, "error").Inc()
 		switch {

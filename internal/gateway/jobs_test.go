@@ -482,3 +482,26 @@ func TestQueueFullRetryAfterIgnoresIdleTime(t *testing.T) {
 		t.Fatalf("DrainInterval after the idle day = %v, want 32.25s", d)
 	}
 }
+
+// TestJobUpstreamTimeoutKeepsRequestCharge: a batch job whose call was sent
+// and then timed out waiting for the provider is retried later; the attempt
+// keeps its request charge (the provider received it) and gives its tokens
+// back, as an interactive call that times out does.
+func TestJobUpstreamTimeoutKeepsRequestCharge(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) { <-r.Context().Done() })
+	const burst, requestBurst = 1_000_000, 100
+	tp := tenant("a", limiter.Limits{WeightedPerMinute: i64(burst * 6), WeightedBurst: i64(burst),
+		RequestsPerMinute: i64(6), RequestBurst: i64(requestBurst)})
+	e := newEnv(t, up, []registry.TenantPolicy{tp}, withPool(func(p *registry.PoolPolicy) { p.UpstreamTimeout = 150 * time.Millisecond }))
+	id := e.submit("key-a", jobBody(10, 20, "")).ID
+	waitFor(t, "the timed-out attempt to be recorded", func() bool {
+		j := e.job("key-a", id)
+		return j.Attempts == 1 && j.Status == jobs.StatusQueued && j.Error != nil
+	})
+	waitFor(t, "the call to settle", func() bool { return e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now()).InFlight == 0 })
+	snap := e.reg.Tenant("a").Limiter.Snapshot(e.clock.Now())
+	if snap.TokensRemaining != burst || snap.RequestsRemaining != requestBurst-1 {
+		t.Fatalf("bucket %d, request bucket %d; want %d (tokens refunded), %d (the request stays charged)",
+			snap.TokensRemaining, snap.RequestsRemaining, burst, requestBurst-1)
+	}
+}
