@@ -43,6 +43,9 @@ const (
 	// 8 s), so the bucket level, floored, moves only by charges and
 	// refunds.
 	capacity = 1_000_000
+	// requestCapacity is the tenant's request bucket capacity (refilled
+	// at 1 a minute, likewise).
+	requestCapacity = 1_000
 	// upstreamTimeout is the pool's bound of one upstream call.
 	upstreamTimeout = time.Second
 	content         = "Tell me about upstream faults."
@@ -86,7 +89,8 @@ func newRig(t *testing.T, fault providersim.Fault) *rig {
 	}
 	i64 := func(v int64) *int64 { return &v }
 	if err := reg.UpsertTenant(registry.TenantPolicy{ID: tenantID, Name: tenantID, Weight: 1, MaxQueued: 10, DefaultDeadline: time.Hour,
-		Limits:    limiter.Limits{WeightedPerMinute: i64(1), WeightedBurst: i64(capacity), MaxConcurrent: i64(4), MaxKVBlocks: i64(1000)},
+		Limits: limiter.Limits{WeightedPerMinute: i64(1), WeightedBurst: i64(capacity), MaxConcurrent: i64(4), MaxKVBlocks: i64(1000),
+			RequestsPerMinute: i64(1), RequestBurst: i64(requestCapacity)},
 		KeyHashes: []registry.KeyHash{registry.HashKey(key)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -278,6 +282,11 @@ type row struct {
 	settle   settle
 	upstream int64
 	paused   time.Duration
+	// timedOut is the number of attempts sent in full that then timed out:
+	// their tokens are refunded, their requests stay charged. The request
+	// bucket keeps those and the last attempt's unless settle is
+	// refundAll.
+	timedOut int64
 }
 
 func status(code int, retryAfter string) providersim.Fault {
@@ -314,9 +323,10 @@ func rows() []row {
 		{name: "reset", fault: reset, mode: streaming, status: 502, typ: "api_error", code: "upstream_unavailable", settle: refundAll, upstream: 1},
 		{name: "reset", fault: once(reset, 1), mode: batch, jobStatus: jobs.StatusSucceeded, attempts: 2, finished: 500 * time.Millisecond, settle: usageKnown, upstream: 2},
 		// A hang past the pool's timeout: 504, refunded, batch retried.
-		{name: "hang", fault: hang, mode: interactive, status: 504, typ: "api_error", code: "upstream_timeout", settle: refundAll, upstream: 1},
-		{name: "hang", fault: hang, mode: streaming, status: 504, typ: "api_error", code: "upstream_timeout", settle: refundAll, upstream: 1},
-		{name: "hang", fault: once(hang, 1), mode: batch, jobStatus: jobs.StatusSucceeded, attempts: 2, finished: 500 * time.Millisecond, settle: usageKnown, upstream: 2},
+		// The request stays charged: the provider received it.
+		{name: "hang", fault: hang, mode: interactive, status: 504, typ: "api_error", code: "upstream_timeout", settle: refundAll, upstream: 1, timedOut: 1},
+		{name: "hang", fault: hang, mode: streaming, status: 504, typ: "api_error", code: "upstream_timeout", settle: refundAll, upstream: 1, timedOut: 1},
+		{name: "hang", fault: once(hang, 1), mode: batch, jobStatus: jobs.StatusSucceeded, attempts: 2, finished: 500 * time.Millisecond, settle: usageKnown, upstream: 2, timedOut: 1},
 		// A 200 whose body is not JSON: 502, the provider did the work and
 		// its usage is unknown, so the charge stands; never retried.
 		{name: "malformed", fault: malformed, mode: interactive, status: 502, typ: "api_error", code: "upstream_invalid_response", settle: chargeStands, upstream: 1},
@@ -477,6 +487,13 @@ func runRow(t *testing.T, rw row) {
 	}
 	if got, want := r.level(), int64(capacity)-used; got != want {
 		t.Errorf("bucket %d, want %d (capacity %d, charge %d, used %d, refund %d)", got, want, capacity, charge, used, charge-used)
+	}
+	keptRequests := rw.timedOut
+	if rw.settle != refundAll {
+		keptRequests++ // the last attempt's
+	}
+	if got, want := r.reg.Tenant(tenantID).Limiter.Snapshot(now).RequestsRemaining, int64(requestCapacity)-keptRequests; got != want {
+		t.Errorf("request bucket %d, want %d (capacity %d, %d requests kept)", got, want, requestCapacity, keptRequests)
 	}
 	u := r.reg.Tenant(tenantID).UsageWindow(now)
 	if u.WeightedTokens != used || u.InputTokens != usedIn || u.OutputTokens != usedOut {
