@@ -49,10 +49,13 @@ func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now meta
 // setReadyCondition sets the pool's Ready condition from the applied
 // Deployment:
 //   - False RenderFailed when err (render or apply) is non-nil;
-//   - False SchedulerProgressing while the Deployment is unknown or its
-//     controller has not observed its current generation;
+//   - False SchedulerProgressing while the Deployment is unknown;
 //   - True SchedulerAvailable when status.availableReplicas reaches
-//     requiredAvailable(deployment);
+//     requiredAvailable(deployment), also while the Deployment's
+//     controller has not observed its current generation (the message
+//     says so): its replicas serve until it does;
+//   - False SchedulerProgressing while that generation is not observed and
+//     too few replicas are available;
 //   - else False ProviderSecretNotFound, with secretProblem as message, when
 //     that is not "" (the pods cannot start without the provider Secret),
 //     or False SchedulerProgressing, the message completed with what the
@@ -73,6 +76,15 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 		cond.Message = fmt.Sprintf("Waiting for Deployment %s", render.Name(pool))
 	case deployment.Status.ObservedGeneration < deployment.Generation:
 		cond.Message = fmt.Sprintf("Deployment %s has not yet observed generation %d", deployment.Name, deployment.Generation)
+		if want, have := requiredAvailable(deployment), deployment.Status.AvailableReplicas; have >= want {
+			// Its replicas still serve until the Deployment controller acts
+			// on the change (a pod template change then recreates them:
+			// Recreate strategy): Ready stays True through the lag, so that
+			// a change such as spec.scheduler.replicas does not flip the
+			// pool and every tenant of it to not Ready and back.
+			cond.Status, cond.Reason = metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable
+			cond.Message += fmt.Sprintf("; %d of %d required replicas available", have, want)
+		}
 	default:
 		want, have := requiredAvailable(deployment), deployment.Status.AvailableReplicas
 		cond.Message = fmt.Sprintf("Deployment %s has %d of %d required replicas available", deployment.Name, have, want)

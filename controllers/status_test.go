@@ -120,8 +120,12 @@ func TestSetReadyCondition(t *testing.T) {
 		"no Deployment": {
 			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing, Message: "Waiting for Deployment p-scheduler"},
 		},
-		"generation not observed": {
+		"generation not observed, a replica available": {
 			deployment: deploymentWith(1, 2, 1, 1),
+			want:       metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonSchedulerAvailable, Message: "Deployment p-scheduler has not yet observed generation 2; 1 of 1 required replicas available"},
+		},
+		"generation not observed, none available": {
+			deployment: deploymentWith(1, 2, 1, 0),
 			want:       metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSchedulerProgressing, Message: "Deployment p-scheduler has not yet observed generation 2"},
 		},
 		"not available": {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -240,4 +241,52 @@ func statusConditionManagers(entries []metav1.ManagedFieldsEntry) map[string]str
 		}
 	}
 	return owners
+}
+
+// TestReplicasChangeKeepsPoolReady: a change of spec.scheduler.replicas
+// bumps the scheduler Deployment's generation, and its controller has not
+// observed it yet (here never: no controller runs), while its replica still
+// serves. The pool stays Ready (its message says the generation is not
+// observed yet) and its tenant's status is not written: the pool and every
+// tenant of it used to flip to not Ready and back on each such change.
+func TestReplicasChangeKeepsPoolReady(t *testing.T) {
+	requireEnv(t)
+	ns := newNamespace(t)
+	pool := makePool(ns, "scale")
+	pool.Spec.Scheduler.JobStore.Type = v1alpha1.JobStoreMemory
+	create(t, pool)
+	setDeploymentAvailable(t, ns, "scale-scheduler", 1)
+	eventually(t, "pool Ready", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable))
+	tq := makeTenant(ns, "scale-tenant", "scale", "")
+	create(t, tq)
+	eventually(t, "tenant Ready", wantCondition(tq, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonPoolReady))
+	poolLTT := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady).LastTransitionTime
+	eventually(t, "tenant status written", func() error {
+		if counter.StatusApplies("TenantQuota", ns, "scale-tenant") < 1 {
+			return fmt.Errorf("no tenant status write returned yet")
+		}
+		return nil
+	})
+	tenantWrites := counter.StatusApplies("TenantQuota", ns, "scale-tenant")
+
+	updateWithRetry(t, pool, func() { pool.Spec.Scheduler.Replicas = ptr.To(int32(2)) })
+	waitObserved(t, pool)
+	d := &appsv1.Deployment{}
+	get(t, ns, "scale-scheduler", d)
+	if *d.Spec.Replicas != 2 || d.Status.ObservedGeneration >= d.Generation {
+		t.Fatalf("Deployment replicas %d, generation %d observed %d: want 2 replicas and a generation not observed yet",
+			*d.Spec.Replicas, d.Generation, d.Status.ObservedGeneration)
+	}
+	c := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
+	want := fmt.Sprintf("Deployment scale-scheduler has not yet observed generation %d; 1 of 1 required replicas available", d.Generation)
+	if c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonSchedulerAvailable || c.Message != want || !c.LastTransitionTime.Equal(&poolLTT) {
+		t.Errorf("pool Ready %+v, want True SchedulerAvailable %q since %v", c, want, poolLTT)
+	}
+	// The tenant reconciles its pool's changes; its status stays as it was.
+	if _, err := tenantReconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(tq)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter.StatusApplies("TenantQuota", ns, "scale-tenant"); got != tenantWrites {
+		t.Errorf("tenant status writes after the replicas change = %d, want 0", got-tenantWrites)
+	}
 }
