@@ -23,9 +23,11 @@ import (
 
 // ProviderPoolReconciler reconciles a ProviderPool into its scheduler objects
 // (ConfigMap, ServiceAccount, RoleBinding, Service, Deployment, all named
-// "<pool>-scheduler", and the Role and RoleBinding "<pool>-scheduler-secrets"
-// granting GET on its tenants' key Secrets, all owned by the pool) and sets the pool's Accepted and
-// Ready conditions.
+// "<pool>-scheduler", the Role and RoleBinding "<pool>-scheduler-secrets"
+// granting GET on its tenants' key Secrets, and the Role and RoleBinding
+// "<pool>-scheduler-pool" granting get and patch on the status of the pool
+// and its tenants and get and update on its Lease, all owned by the pool)
+// and sets the pool's Accepted and Ready conditions.
 type ProviderPoolReconciler struct {
 	client   client.Client
 	scheme   *runtime.Scheme
@@ -57,6 +59,11 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // never list or watch.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
+// Likewise for the pool Role (render.PoolRoleName): get and update on the
+// pool's Lease, which the operator itself never calls (its own leader
+// election uses the Role of its namespace); the status verbs it holds for
+// its own writes.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -115,7 +122,7 @@ func tenantPool(_ context.Context, o client.Object) []reconcile.Request {
 
 // SetupWithManager registers the reconciler: it runs on ProviderPool spec
 // changes (generation; the scheduler's periodic status writes do not trigger
-// it), on TenantQuota spec changes (the pool's Secret Role) and on any change
+// it), on TenantQuota spec changes (the pool's Roles) and on any change
 // to an owned object, so drift is re-applied and Ready
 // follows the Deployment.
 func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -129,7 +136,8 @@ func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.Role{}).
 		Owns(&corev1.PersistentVolumeClaim{}).
 		// A TenantQuota added, removed or changed (its credentials)
-		// changes the Secrets its pool's scheduler may read.
+		// changes the Secrets its pool's scheduler may read and the
+		// statuses it may write.
 		Watches(&v1alpha1.TenantQuota{}, handler.EnqueueRequestsFromMapFunc(tenantPool),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Named("providerpool").

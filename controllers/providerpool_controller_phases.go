@@ -69,11 +69,11 @@ func (r *ProviderPoolReconciler) providerSecretProblem(ctx context.Context, pool
 // Memory job store the pool's claim is deleted once the Deployment no longer
 // mounts it, and the jobs on it are lost.
 func (r *ProviderPoolReconciler) reconcileObjects(ctx context.Context, pool *v1alpha1.ProviderPool) objectsResult {
-	secrets, err := r.tenantSecrets(ctx, pool)
+	tenants, err := r.poolTenants(ctx, pool)
 	if err != nil {
 		return objectsResult{applyErr: err}
 	}
-	objs, err := render.RenderWithTenantSecrets(pool, r.render, secrets)
+	objs, err := render.RenderWithTenants(pool, r.render, tenants)
 	if err != nil {
 		return objectsResult{renderErr: err}
 	}
@@ -198,17 +198,18 @@ func belongsToPool(o metav1.Object, pool *v1alpha1.ProviderPool) bool {
 	return o.GetLabels()[v1alpha1.LabelPool] == pool.Name
 }
 
-// tenantSecrets returns the names of the key Secrets of the pool's tenants
-// (render.TenantSecretNames of the TenantQuotas in the pool's namespace, read
-// from the cache): the only Secrets the rendered Role lets the scheduler GET.
-// The reconciler watches TenantQuotas, so the Role follows tenants added,
+// poolTenants returns the names of the pool's tenants and of their key
+// Secrets (render.PoolTenants of the TenantQuotas in the pool's namespace,
+// read from the cache): the only TenantQuotas whose status, and the only
+// Secrets, the rendered Roles let the scheduler write and GET. The
+// reconciler watches TenantQuotas, so the Roles follow tenants added,
 // removed or pointed at another Secret.
-func (r *ProviderPoolReconciler) tenantSecrets(ctx context.Context, pool *v1alpha1.ProviderPool) ([]string, error) {
+func (r *ProviderPoolReconciler) poolTenants(ctx context.Context, pool *v1alpha1.ProviderPool) (render.Tenants, error) {
 	var list v1alpha1.TenantQuotaList
 	if err := r.client.List(ctx, &list, client.InNamespace(pool.Namespace)); err != nil {
-		return nil, fmt.Errorf("listing the TenantQuotas of ProviderPool %s: %w", client.ObjectKeyFromObject(pool), err)
+		return render.Tenants{}, fmt.Errorf("listing the TenantQuotas of ProviderPool %s: %w", client.ObjectKeyFromObject(pool), err)
 	}
-	return render.TenantSecretNames(pool, list.Items), nil
+	return render.PoolTenants(pool, list.Items), nil
 }
 
 // rollAnnouncement reads the pool's current scheduler Deployment (from the

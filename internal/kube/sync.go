@@ -46,12 +46,19 @@ import (
 )
 
 // RBAC of the scheduler (config/rbac/scheduler, ClusterRole
-// fairshare-scheduler, bound per namespace by the operator's RoleBinding).
+// fairshare-scheduler, bound per namespace by the operator's RoleBinding):
+// only what RBAC cannot restrict to one pool's objects by name, since every
+// pool of a namespace shares it.
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools;tenantquotas,verbs=get;list;watch
-// +kubebuilder:rbac:groups=quota.fairshare.dev,resources=providerpools/status;tenantquotas/status,verbs=get;patch
-// No Secret rule: the operator's per-pool Role grants GET on the tenants' key
-// Secrets by name (render.RenderWithTenantSecrets).
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
+// No status rule, no Lease get or update and no Secret rule: the operator's
+// per-pool Roles grant them by name (render.RenderWithTenants): get and
+// patch on the status of the pool and of its TenantQuotas and get and
+// update on its Lease <pool>-scheduler ("<pool>-scheduler-pool"), GET on
+// the tenants' key Secrets ("<pool>-scheduler-secrets"). A status write of
+// a tenant the Role does not name yet is refused and retried on the next
+// pass (the object stays dirty). Creating the Lease cannot be restricted by
+// name (the name is not known to RBAC on create).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -45,7 +45,7 @@ func TestTenantSecretReadAsServiceAccount(t *testing.T) {
 	// The operator's objects, with no Secret named yet.
 	applyRole := func(names []string) {
 		t.Helper()
-		objs, err := render.RenderWithTenantSecrets(pool, render.Options{DefaultImage: "img", SchedulerClusterRole: "fairshare-scheduler"}, names)
+		objs, err := render.RenderWithTenants(pool, render.Options{DefaultImage: "img", SchedulerClusterRole: "fairshare-scheduler"}, render.Tenants{Secrets: names})
 		if err != nil {
 			t.Fatal(err)
 		}

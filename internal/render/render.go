@@ -3,7 +3,11 @@
 // (internal/schedconfig), a ServiceAccount, a RoleBinding of that account to
 // the shipped scheduler ClusterRole, a Role and RoleBinding granting that
 // account GET on exactly the tenant key Secrets of the pool's TenantQuotas
-// (the shipped ClusterRole grants no Secret access), a ClusterIP Service, the
+// (the shipped ClusterRole grants no Secret access), a Role and RoleBinding
+// granting it get and patch on the status of exactly the pool and its
+// TenantQuotas and get and update on exactly the pool's Lease (the shipped
+// ClusterRole grants neither, so that a scheduler cannot write the status
+// or take the Lease of another pool of its namespace), a ClusterIP Service, the
 // PersistentVolumeClaim of the durable job store (jobStore type Volume, the
 // default) and the Deployment.
 //
@@ -11,7 +15,8 @@
 // environment, so the same inputs always give byte-identical objects and the
 // golden files in testdata pin the output. Every object is named
 // "<pool>-scheduler" (the Secret Role and its RoleBinding
-// "<pool>-scheduler-secrets"), carries the standard app.kubernetes.io labels and the
+// "<pool>-scheduler-secrets", the pool Role and its RoleBinding
+// "<pool>-scheduler-pool"), carries the standard app.kubernetes.io labels and the
 // quota.fairshare.dev/pool label, and has the pool as its controller owner so
 // that deleting the pool garbage-collects it. Objects carry their TypeMeta
 // because the operator applies them with server-side apply.
@@ -33,6 +38,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -131,6 +137,11 @@ const NameSuffix = "-scheduler"
 // scheduler GET on its tenants' key Secrets, and that Role's RoleBinding.
 const SecretsNameSuffix = "-secrets"
 
+// PoolRoleNameSuffix is appended to Name(pool) to name the Role granting
+// the scheduler the pool's own objects (the pool's status, its tenants'
+// statuses and its leader election Lease), and that Role's RoleBinding.
+const PoolRoleNameSuffix = "-pool"
+
 // MaxPoolNameLength is the longest pool name that can be rendered: the
 // Service name "<pool>-scheduler" must be a DNS-1035 label (at most 63
 // characters) and the pool name is a label value (at most 63).
@@ -174,6 +185,13 @@ type Objects struct {
 	// SecretsRoleBinding binds ServiceAccount to SecretsRole. Named
 	// SecretsName(pool).
 	SecretsRoleBinding *rbacv1.RoleBinding
+	// PoolRole grants get and patch on the status of the pool and of the
+	// TenantQuotas named in resourceNames (no rule for them when there are
+	// none), and get and update on the pool's Lease. Named PoolRoleName(pool).
+	PoolRole *rbacv1.Role
+	// PoolRoleBinding binds ServiceAccount to PoolRole. Named
+	// PoolRoleName(pool).
+	PoolRoleBinding *rbacv1.RoleBinding
 	// Service exposes the gateway (http, 8080) and metrics (metrics, 9090).
 	Service *corev1.Service
 	// JobStoreClaim holds the durable job store (jobStore type Volume); nil
@@ -186,10 +204,11 @@ type Objects struct {
 }
 
 // List returns the objects in apply order: dependencies (ConfigMap,
-// ServiceAccount, RoleBinding, SecretsRole, SecretsRoleBinding, Service,
-// JobStoreClaim when not nil) before the Deployment that uses them.
+// ServiceAccount, RoleBinding, SecretsRole, SecretsRoleBinding, PoolRole,
+// PoolRoleBinding, Service, JobStoreClaim when not nil) before the
+// Deployment that uses them.
 func (o Objects) List() []Object {
-	l := []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.SecretsRole, o.SecretsRoleBinding, o.Service}
+	l := []Object{o.ConfigMap, o.ServiceAccount, o.RoleBinding, o.SecretsRole, o.SecretsRoleBinding, o.PoolRole, o.PoolRoleBinding, o.Service}
 	if o.JobStoreClaim != nil {
 		l = append(l, o.JobStoreClaim)
 	}
@@ -205,6 +224,44 @@ func Name(pool *v1alpha1.ProviderPool) string {
 // RoleBinding: "<pool>-scheduler-secrets".
 func SecretsName(pool *v1alpha1.ProviderPool) string {
 	return Name(pool) + SecretsNameSuffix
+}
+
+// PoolRoleName returns the name of the pool's Role granting its own objects
+// and of its RoleBinding: "<pool>-scheduler-pool".
+func PoolRoleName(pool *v1alpha1.ProviderPool) string {
+	return Name(pool) + PoolRoleNameSuffix
+}
+
+// Tenants are what the per-pool Roles name of the pool's TenantQuotas
+// (PoolTenants).
+type Tenants struct {
+	// Names are the TenantQuotas whose status the scheduler may get and
+	// patch (TenantNames).
+	Names []string
+	// Secrets are the tenant key Secrets the scheduler may get
+	// (TenantSecretNames).
+	Secrets []string
+}
+
+// PoolTenants returns the names of the pool's TenantQuotas and of their key
+// Secrets, out of tenants (normally every TenantQuota of the namespace).
+func PoolTenants(pool *v1alpha1.ProviderPool, tenants []v1alpha1.TenantQuota) Tenants {
+	return Tenants{Names: TenantNames(pool, tenants), Secrets: TenantSecretNames(pool, tenants)}
+}
+
+// TenantNames returns the names of the TenantQuotas in the pool's namespace
+// whose spec.poolRef names the pool, sorted and without duplicates: the
+// only TenantQuotas whose status the scheduler writes. One being deleted is
+// kept: it is still the pool's until it is gone.
+func TenantNames(pool *v1alpha1.ProviderPool, tenants []v1alpha1.TenantQuota) []string {
+	var names []string
+	for i := range tenants {
+		tq := &tenants[i]
+		if tq.Namespace == pool.Namespace && tq.Spec.PoolRef.Name == pool.Name && tq.Name != "" {
+			names = append(names, tq.Name)
+		}
+	}
+	return slices.Compact(slices.Sorted(slices.Values(names)))
 }
 
 // TenantSecretNames returns the names of the Secrets holding the API keys of
@@ -311,22 +368,24 @@ func jobStorePath(pool *v1alpha1.ProviderPool) string {
 	return ""
 }
 
-// Render renders the pool's scheduler objects with no tenant Secret readable
-// by the scheduler: RenderWithTenantSecrets(pool, opts, nil).
+// Render renders the pool's scheduler objects for a pool without tenants: no
+// tenant Secret readable and no tenant status writable by the scheduler,
+// RenderWithTenants(pool, opts, Tenants{}).
 func Render(pool *v1alpha1.ProviderPool, opts Options) (Objects, error) {
-	return RenderWithTenantSecrets(pool, opts, nil)
+	return RenderWithTenants(pool, opts, Tenants{})
 }
 
-// RenderWithTenantSecrets renders the pool's scheduler objects; the
-// SecretsRole grants GET on exactly the Secrets named in tenantSecrets
-// (normally TenantSecretNames of the pool's TenantQuotas; sorted and
-// deduplicated here again). It returns an error wrapping
+// RenderWithTenants renders the pool's scheduler objects; the SecretsRole
+// grants GET on exactly the Secrets named in tenants.Secrets and the
+// PoolRole get and patch on the status of exactly the TenantQuotas named
+// in tenants.Names (normally PoolTenants of the namespace's TenantQuotas;
+// empty names dropped, sorted and deduplicated here again). It returns an error wrapping
 // ErrInvalidPool when the pool has no name, namespace or UID, when
 // "<pool>-scheduler" is not a valid DNS-1035 label (pool names longer than
 // MaxPoolNameLength or not starting with a letter), when no image is set in
 // the spec nor in opts.DefaultImage, when opts.SchedulerClusterRole is empty,
 // or when the settings do not validate.
-func RenderWithTenantSecrets(pool *v1alpha1.ProviderPool, opts Options, tenantSecrets []string) (Objects, error) {
+func RenderWithTenants(pool *v1alpha1.ProviderPool, opts Options, tenants Tenants) (Objects, error) {
 	if err := validate(pool, opts); err != nil {
 		return Objects{}, fmt.Errorf("%w: %w", ErrInvalidPool, err)
 	}
@@ -338,8 +397,10 @@ func RenderWithTenantSecrets(pool *v1alpha1.ProviderPool, opts Options, tenantSe
 		ConfigMap:          configMap(pool, settings),
 		ServiceAccount:     serviceAccount(pool),
 		RoleBinding:        roleBinding(pool, opts),
-		SecretsRole:        secretsRole(pool, tenantSecrets),
+		SecretsRole:        secretsRole(pool, tenants.Secrets),
 		SecretsRoleBinding: secretsRoleBinding(pool),
+		PoolRole:           poolRole(pool, settings.LeaseName, tenants.Names),
+		PoolRoleBinding:    poolRoleBinding(pool),
 		Service:            service(pool),
 		Deployment:         deployment(pool, opts, settings),
 	}
@@ -516,8 +577,7 @@ func secretsRole(pool *v1alpha1.ProviderPool, names []string) *rbacv1.Role {
 		ObjectMeta: m,
 		Rules:      []rbacv1.PolicyRule{},
 	}
-	names = slices.Compact(slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == "" }))))
-	if len(names) > 0 {
+	if names := resourceNames(names); len(names) > 0 {
 		r.Rules = append(r.Rules, rbacv1.PolicyRule{
 			APIGroups:     []string{""},
 			Resources:     []string{"secrets"},
@@ -529,15 +589,70 @@ func secretsRole(pool *v1alpha1.ProviderPool, names []string) *rbacv1.Role {
 }
 
 func secretsRoleBinding(pool *v1alpha1.ProviderPool) *rbacv1.RoleBinding {
+	return bindRole(pool, SecretsName(pool))
+}
+
+// poolRole grants what RBAC can restrict to the pool's own objects, by
+// resourceNames: get and patch on the status of the pool and of the named
+// TenantQuotas (the status writer's server-side applies), get and update
+// on the Lease lease (client-go's leader election lock). With no tenant
+// names there is no TenantQuota rule: a rule with empty resourceNames would
+// match every TenantQuota of the namespace. What cannot be restricted by
+// name (list and watch, creating the Lease) stays in the shared
+// ClusterRole, whose get on providerpools and tenantquotas grants no more
+// than its list already does.
+func poolRole(pool *v1alpha1.ProviderPool, lease string, tenants []string) *rbacv1.Role {
 	m := meta(pool)
-	m.Name = SecretsName(pool)
+	m.Name = PoolRoleName(pool)
+	r := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "Role"},
+		ObjectMeta: m,
+		Rules: []rbacv1.PolicyRule{{
+			APIGroups:     []string{v1alpha1.GroupVersion.Group},
+			Resources:     []string{"providerpools/status"},
+			Verbs:         []string{"get", "patch"},
+			ResourceNames: []string{pool.Name},
+		}},
+	}
+	if names := resourceNames(tenants); len(names) > 0 {
+		r.Rules = append(r.Rules, rbacv1.PolicyRule{
+			APIGroups:     []string{v1alpha1.GroupVersion.Group},
+			Resources:     []string{"tenantquotas/status"},
+			Verbs:         []string{"get", "patch"},
+			ResourceNames: names,
+		})
+	}
+	r.Rules = append(r.Rules, rbacv1.PolicyRule{
+		APIGroups:     []string{coordinationv1.GroupName},
+		Resources:     []string{"leases"},
+		Verbs:         []string{"get", "update"},
+		ResourceNames: []string{lease},
+	})
+	return r
+}
+
+func poolRoleBinding(pool *v1alpha1.ProviderPool) *rbacv1.RoleBinding {
+	return bindRole(pool, PoolRoleName(pool))
+}
+
+// resourceNames returns names without empty ones, sorted and without
+// duplicates, in a new slice.
+func resourceNames(names []string) []string {
+	return slices.Compact(slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == "" }))))
+}
+
+// bindRole returns the RoleBinding named name of the scheduler's
+// ServiceAccount to the Role of the same name.
+func bindRole(pool *v1alpha1.ProviderPool, name string) *rbacv1.RoleBinding {
+	m := meta(pool)
+	m.Name = name
 	return &rbacv1.RoleBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"},
 		ObjectMeta: m,
 		RoleRef: rbacv1.RoleRef{
 			APIGroup: rbacv1.GroupName,
 			Kind:     "Role",
-			Name:     SecretsName(pool),
+			Name:     name,
 		},
 		Subjects: []rbacv1.Subject{{
 			Kind:      rbacv1.ServiceAccountKind,

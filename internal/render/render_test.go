@@ -123,12 +123,15 @@ func TestRenderGolden(t *testing.T) {
 		"full":    fullPool(),
 		"memory":  memoryPool(),
 	}
-	// The full pool has two tenants with key Secrets (given unsorted and
-	// with a duplicate: the Role lists each once, sorted).
-	secrets := map[string][]string{"full": {"tenant-b-key", "tenant-a-key", "tenant-b-key"}}
+	// The full pool has three tenants, two with key Secrets (given
+	// unsorted and with a duplicate: the Roles list each once, sorted).
+	tenants := map[string]Tenants{"full": {
+		Names:   []string{"tenant-c", "tenant-a", "tenant-b", "tenant-a"},
+		Secrets: []string{"tenant-b-key", "tenant-a-key", "tenant-b-key"},
+	}}
 	for name, pool := range tests {
 		t.Run(name, func(t *testing.T) {
-			objs, err := RenderWithTenantSecrets(pool, testOptions, secrets[name])
+			objs, err := RenderWithTenants(pool, testOptions, tenants[name])
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
@@ -302,6 +305,9 @@ func TestRenderMetadata(t *testing.T) {
 			wantName := "demo-scheduler"
 			if o == Object(objs.SecretsRole) || o == Object(objs.SecretsRoleBinding) {
 				wantName = "demo-scheduler-secrets"
+			}
+			if o == Object(objs.PoolRole) || o == Object(objs.PoolRoleBinding) {
+				wantName = "demo-scheduler-pool"
 			}
 			if o.GetName() != wantName || o.GetNamespace() != "fairshare-demo" {
 				t.Errorf("object %s/%s, want fairshare-demo/%s", o.GetNamespace(), o.GetName(), wantName)
@@ -554,7 +560,7 @@ func TestRenderJobStore(t *testing.T) {
 			if diff := cmp.Diff(tc.wantClass, c.Spec.StorageClassName); diff != "" {
 				t.Errorf("storage class (-want +got):\n%s", diff)
 			}
-			if got, want := len(objs.List()), 8; got != want {
+			if got, want := len(objs.List()), 10; got != want {
 				t.Errorf("List has %d objects, want %d", got, want)
 			}
 			ps := objs.Deployment.Spec.Template.Spec
@@ -587,8 +593,8 @@ func TestRenderJobStore(t *testing.T) {
 		if objs.JobStoreClaim != nil {
 			t.Errorf("Memory store rendered a claim: %+v", objs.JobStoreClaim)
 		}
-		if got := len(objs.List()); got != 7 {
-			t.Errorf("List has %d objects, want 7", got)
+		if got := len(objs.List()); got != 9 {
+			t.Errorf("List has %d objects, want 9", got)
 		}
 		ps := objs.Deployment.Spec.Template.Spec
 		if len(ps.Volumes) != 1 || len(ps.Containers[0].VolumeMounts) != 1 || ps.SecurityContext.FSGroup != nil {
@@ -617,7 +623,7 @@ func TestRenderSecretsRole(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			in := slices.Clone(tc.names)
-			objs, err := RenderWithTenantSecrets(defaultPool(), testOptions, tc.names)
+			objs, err := RenderWithTenants(defaultPool(), testOptions, Tenants{Secrets: tc.names})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -667,5 +673,83 @@ func TestTenantSecretNames(t *testing.T) {
 	})
 	if diff := cmp.Diff([]string{"a-key", "z-key"}, got); diff != "" {
 		t.Errorf("names (-want +got):\n%s", diff)
+	}
+}
+
+// TestRenderPoolRole: the scheduler's account may get and patch the status
+// of exactly its pool and the named TenantQuotas, and get and update
+// exactly the pool's Lease; with no tenants there is no TenantQuota rule
+// (a rule with no resourceNames would grant every TenantQuota of the
+// namespace). Nothing else: no update of a status, no delete, no
+// wildcard.
+func TestRenderPoolRole(t *testing.T) {
+	poolRule := rbacv1.PolicyRule{APIGroups: []string{"quota.fairshare.dev"}, Resources: []string{"providerpools/status"}, Verbs: []string{"get", "patch"}, ResourceNames: []string{"demo"}}
+	leaseRule := rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{"demo-scheduler"}}
+	tests := map[string]struct {
+		names []string
+		want  []rbacv1.PolicyRule
+	}{
+		"none":       {names: nil, want: []rbacv1.PolicyRule{poolRule, leaseRule}},
+		"only empty": {names: []string{""}, want: []rbacv1.PolicyRule{poolRule, leaseRule}},
+		"sorted unique": {names: []string{"b", "a", "b", ""}, want: []rbacv1.PolicyRule{poolRule,
+			{APIGroups: []string{"quota.fairshare.dev"}, Resources: []string{"tenantquotas/status"}, Verbs: []string{"get", "patch"}, ResourceNames: []string{"a", "b"}},
+			leaseRule}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := slices.Clone(tc.names)
+			objs, err := RenderWithTenants(defaultPool(), testOptions, Tenants{Names: tc.names})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, objs.PoolRole.Rules); diff != "" {
+				t.Errorf("rules (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(in, tc.names); diff != "" {
+				t.Errorf("the caller's slice was modified (-before +after):\n%s", diff)
+			}
+			if got, want := Settings(defaultPool()).LeaseName, leaseRule.ResourceNames[0]; got != want {
+				t.Errorf("the scheduler's Lease is %q, the Role grants %q", got, want)
+			}
+			rb := objs.PoolRoleBinding
+			wantRef := rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "demo-scheduler-pool"}
+			wantSub := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "demo-scheduler", Namespace: "fairshare-demo"}}
+			if diff := cmp.Diff(wantRef, rb.RoleRef); diff != "" {
+				t.Errorf("roleRef (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantSub, rb.Subjects); diff != "" {
+				t.Errorf("subjects (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestTenantNames: only TenantQuotas of this pool, in its namespace, count,
+// with or without credentials and also while being deleted (the scheduler
+// may still write its status); names are sorted and unique.
+func TestTenantNames(t *testing.T) {
+	pool := defaultPool()
+	tq := func(ns, name, poolName string, deleting bool) v1alpha1.TenantQuota {
+		q := v1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		q.Spec.PoolRef.Name = poolName
+		if deleting {
+			now := metav1.Now()
+			q.DeletionTimestamp = &now
+		}
+		return q
+	}
+	tenants := []v1alpha1.TenantQuota{
+		tq("fairshare-demo", "z", "demo", false),
+		tq("fairshare-demo", "a", "demo", false),
+		tq("fairshare-demo", "z", "demo", false),
+		tq("fairshare-demo", "other-pool", "other", false),
+		tq("elsewhere", "other-ns", "demo", false),
+		tq("fairshare-demo", "deleting", "demo", true),
+	}
+	if diff := cmp.Diff([]string{"a", "deleting", "z"}, TenantNames(pool, tenants)); diff != "" {
+		t.Errorf("names (-want +got):\n%s", diff)
+	}
+	if got := PoolTenants(pool, tenants); len(got.Names) != 3 || len(got.Secrets) != 0 {
+		t.Errorf("PoolTenants = %+v, want the three names and no Secret", got)
 	}
 }

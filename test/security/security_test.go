@@ -252,6 +252,14 @@ func TestSecurity(t *testing.T) {
 
 	logf("waiting for the operator's Secret Role to list exactly a-key and b-key")
 	waitRoleNames(ctx, t, cp, []string{"a-key", "b-key"})
+	// The pool Role is applied after the Secret Role, and the RBAC
+	// authorizer sees either a moment after it is written.
+	for _, ra := range []authorizationv1.ResourceAttributes{
+		{Namespace: ns, Verb: "get", Resource: "secrets", Name: "b-key"},
+		{Namespace: ns, Verb: "patch", Group: "quota.fairshare.dev", Resource: "tenantquotas", Subresource: "status", Name: "b"},
+	} {
+		waitAllowed(ctx, t, cp, ra)
+	}
 
 	t.Run("SchedulerRBAC", func(t *testing.T) { checkRBAC(ctx, t, cp) })
 	t.Run("RenderedSchedulerDeployment", func(t *testing.T) {
@@ -366,6 +374,9 @@ spec:
 		if !allowed(ctx, t, cp, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "get", Resource: "secrets", Name: "c-key"}) {
 			t.Error("c-key not readable by the scheduler after tenant c was added")
 		}
+		// Its status becomes writable too (Role <pool>-scheduler-pool).
+		waitAllowed(ctx, t, cp, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "patch", Group: "quota.fairshare.dev",
+			Resource: "tenantquotas", Subresource: "status", Name: "c"})
 	})
 
 	t.Run("UpstreamRejectsKey", func(t *testing.T) {
@@ -465,6 +476,19 @@ func waitRoleNames(ctx context.Context, t *testing.T, cp *framework.ControlPlane
 	}
 }
 
+// waitAllowed waits (at most 30 s) until the scheduler's account is
+// allowed ra.
+func waitAllowed(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ra authorizationv1.ResourceAttributes) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !allowed(ctx, t, cp, ra) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not allowed %+v", saUser, ra)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func allowed(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ra authorizationv1.ResourceAttributes) bool {
 	t.Helper()
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -489,12 +513,17 @@ func checkRBAC(ctx context.Context, t *testing.T, cp *framework.ControlPlane) {
 	for _, v := range []string{"get", "list", "watch"} {
 		allow = append(allow, ra{Namespace: ns, Verb: v, Group: q, Resource: "providerpools"}, ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas"})
 	}
-	for _, v := range []string{"get", "patch"} { // status by server-side apply (PATCH) only
-		allow = append(allow, ra{Namespace: ns, Verb: v, Group: q, Resource: "providerpools", Subresource: "status"},
-			ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas", Subresource: "status"})
+	// Status by server-side apply (PATCH) only, of its pool and its
+	// tenants only (Role <pool>-scheduler-pool).
+	for _, v := range []string{"get", "patch"} {
+		allow = append(allow, ra{Namespace: ns, Verb: v, Group: q, Resource: "providerpools", Subresource: "status", Name: pool},
+			ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas", Subresource: "status", Name: "a"},
+			ra{Namespace: ns, Verb: v, Group: q, Resource: "tenantquotas", Subresource: "status", Name: "b"})
 	}
-	for _, v := range []string{"create", "get", "update"} {
-		allow = append(allow, ra{Namespace: ns, Verb: v, Group: "coordination.k8s.io", Resource: "leases"})
+	// Its own Lease only; any name on create (RBAC cannot see it).
+	allow = append(allow, ra{Namespace: ns, Verb: "create", Group: "coordination.k8s.io", Resource: "leases"})
+	for _, v := range []string{"get", "update"} {
+		allow = append(allow, ra{Namespace: ns, Verb: v, Group: "coordination.k8s.io", Resource: "leases", Name: pool + "-scheduler"})
 	}
 	for _, v := range []string{"create", "patch"} {
 		allow = append(allow, ra{Namespace: ns, Verb: v, Resource: "events"}, ra{Namespace: ns, Verb: v, Group: "events.k8s.io", Resource: "events"})
@@ -529,6 +558,17 @@ func checkRBAC(ctx context.Context, t *testing.T, cp *framework.ControlPlane) {
 		{Namespace: ns, Verb: "escalate", Group: "rbac.authorization.k8s.io", Resource: "roles"},
 		{Namespace: ns, Verb: "delete", Group: "coordination.k8s.io", Resource: "leases"},
 		{Namespace: ns, Verb: "list", Group: "coordination.k8s.io", Resource: "leases"},
+		// Another pool's status, Lease and tenants' status, and any
+		// object's status or Lease by no name (a rule with no names).
+		{Namespace: ns, Verb: "patch", Group: q, Resource: "providerpools", Subresource: "status", Name: "other"},
+		{Namespace: ns, Verb: "patch", Group: q, Resource: "providerpools", Subresource: "status"},
+		{Namespace: ns, Verb: "patch", Group: q, Resource: "tenantquotas", Subresource: "status", Name: "other-tenant"},
+		{Namespace: ns, Verb: "patch", Group: q, Resource: "tenantquotas", Subresource: "status"},
+		{Namespace: ns, Verb: "get", Group: "coordination.k8s.io", Resource: "leases", Name: "other-scheduler"},
+		{Namespace: ns, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "other-scheduler"},
+		{Namespace: ns, Verb: "update", Group: "coordination.k8s.io", Resource: "leases"},
+		{Namespace: otherNS, Verb: "patch", Group: q, Resource: "providerpools", Subresource: "status", Name: pool},
+		{Namespace: otherNS, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: pool + "-scheduler"},
 		// Its own custom resources: status only, no spec writes.
 		{Namespace: ns, Verb: "update", Group: q, Resource: "providerpools"},
 		{Namespace: ns, Verb: "update", Group: q, Resource: "providerpools", Subresource: "status"},
