@@ -167,7 +167,10 @@ func (s *State) pool() (int64, error) {
 //   - A TenantQuota deleted and created again under the same name (a new
 //     metadata.uid in the registry) is a new object: what was written to
 //     the old one is forgotten, and its status read again. An object the
-//     API server no longer has (NotFound on write) is forgotten too.
+//     API server no longer has (NotFound on write) is forgotten too, and
+//     so is everything while the ProviderPool is found deleted (the
+//     operator then removes this writer's fields; a pool created again
+//     has every status read again).
 //
 // Conditions keep their lastTransitionTime unless their status flips; a
 // flip not yet written keeps the time the scheduler first saw it.
@@ -435,7 +438,13 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 		// Deployment is garbage-collected): the operator has set the
 		// tenants' Serving to False PoolNotFound and removed this
 		// writer's fields, and a write now would bring back a Serving
-		// True that nothing would correct.
+		// True that nothing would correct. What the writer knew of the
+		// objects is forgotten: the operator removes this writer's fields
+		// from the tenants meanwhile, so should the pool come back (deleted
+		// and created again while this scheduler still runs), every
+		// object's status is read again and written where it differs,
+		// rather than taken for the one last written here.
+		w.objs = nil
 		return PassResult{}, nil
 	}
 	clk := w.clock()
