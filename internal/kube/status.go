@@ -143,6 +143,11 @@ func (s *State) pool() (int64, error) {
 //     ProviderPool is rewritten unchanged, every ForceRefresh, as the
 //     scheduler's heartbeat (BC-42; style 2.4). An idle scheduler thus writes
 //     one object per ForceRefresh whatever the tenant count.
+//   - An object clean for ForceRefresh has its status read again (from the
+//     cache) and compared as on first sight: one the API server no longer
+//     holds as written (another replica leading while this one was cut off
+//     from the API server, a hand edit) is dirty again, so such a change is
+//     undone within ForceRefresh and a pass, not left for ever.
 //   - Every Interval a pass builds every status and writes dirty objects,
 //     spaced at least 1/MaxWritesPerSecond apart on Clock (a token bucket of
 //     burst 1, so no window of one second holds more than
@@ -241,9 +246,13 @@ type objState struct {
 	payload []byte
 	at      time.Time
 	conds   []metav1.Condition
-	// server is the status read on first sight (*tenantStatus or
-	// *poolStatus), compared once with the first payload built; nil after.
+	// server is the status read on first sight, or again at a check
+	// (*tenantStatus or *poolStatus), compared once with the next payload
+	// built; nil after.
 	server any
+	// checked is when the status was last read or written: a clean object
+	// is read again ForceRefresh after it (see StatusWriter).
+	checked time.Time
 
 	// dirtySince is when the object first differed from what was written;
 	// zero when clean.
@@ -468,7 +477,7 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 			continue
 		}
 		key := "TenantQuota/" + o.Name
-		ob := w.object(ctx, "TenantQuota", o.Name, o.UID)
+		ob := w.object(ctx, now, "TenantQuota", o.Name, o.UID)
 		if o.Err != nil {
 			reason := v1alpha1.ReasonInvalidSpec
 			if errors.Is(o.Err, registry.ErrDuplicateTenantID) {
@@ -526,7 +535,7 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 	}
 
 	ps := w.poolStatus(snap)
-	po := w.object(ctx, "ProviderPool", w.PoolName, "")
+	po := w.object(ctx, now, "ProviderPool", w.PoolName, "")
 	if err := w.stage(now, po, true, &ps.Conditions, nil, func(last *metav1.Time) any {
 		ps.LastReportTime = last
 		return &ps
@@ -557,7 +566,7 @@ func budgetStatus(b *registry.BudgetStatus) *v1alpha1.BudgetStatus {
 // unknown): when it differs from the one the state was built for, or from
 // the UID read from the API server, the object was deleted and created
 // again under the same name, and its state is built afresh.
-func (w *StatusWriter) object(ctx context.Context, kind, name, uid string) *objState {
+func (w *StatusWriter) object(ctx context.Context, now time.Time, kind, name, uid string) *objState {
 	key := kind + "/" + name
 	o := w.objs[key]
 	if o != nil && uid != "" && ((o.regUID != "" && o.regUID != uid) || (o.uid != "" && string(o.uid) != uid)) {
@@ -566,7 +575,14 @@ func (w *StatusWriter) object(ctx context.Context, kind, name, uid string) *objS
 	if o == nil {
 		o = &objState{kind: kind, name: name}
 		w.load(ctx, o)
+		o.checked = now
 		w.objs[key] = o
+	} else if o.dirtySince.IsZero() && now.Sub(o.checked) >= w.forceRefresh() {
+		// Clean for ForceRefresh: check that the API server still holds
+		// what was written (another replica leading during a partition,
+		// or a hand edit, may have changed it since).
+		w.load(ctx, o)
+		o.checked = now
 	}
 	if uid != "" {
 		o.regUID = uid
@@ -684,8 +700,10 @@ func (w *StatusWriter) stage(now time.Time, o *objState, heartbeat bool, conds *
 		return err
 	}
 	if o.server != nil {
-		if sp, err := serverPayload(o.server, *conds); err == nil && bytes.Equal(sp, payload) {
-			o.known, o.payload = true, sp
+		sp, err := serverPayload(o.server, *conds)
+		o.known = err == nil && bytes.Equal(sp, payload)
+		if o.known {
+			o.payload = sp
 		}
 		o.server = nil
 	}
@@ -884,7 +902,7 @@ func (w *StatusWriter) commit(key string, o *objState, at time.Time, err error) 
 		return false, fmt.Errorf("applying %s status: %w", key, err)
 	}
 	w.recordTransitions(o)
-	o.known, o.payload, o.at, o.budget = true, o.pending, at, o.pendingBudget
+	o.known, o.payload, o.at, o.checked, o.budget = true, o.pending, at, at, o.pendingBudget
 	o.conds = append(o.conds[:0], o.pendingConds...)
 	o.clean()
 	return true, nil
