@@ -252,7 +252,11 @@ func SetupWithManager(mgr manager.Manager, reg *registry.Registry, state *State,
 }
 
 // initialSync loads the pool and every TenantQuota once the cache has
-// synced, then marks the registry's tenants loaded (readiness).
+// synced, then marks the registry's tenants loaded (readiness). A load that
+// fails (a key Secret's GET refused by an API server that is restarting or
+// overloaded) is tried again, after initialSyncRetry doubling up to
+// initialSyncRetryMax, until it succeeds: the scheduler stays not ready
+// meanwhile instead of exiting.
 type initialSync struct {
 	cache interface {
 		WaitForCacheSync(ctx context.Context) bool
@@ -260,7 +264,17 @@ type initialSync struct {
 	pool    *PoolReconciler
 	tenants *TenantReconciler
 	reg     *registry.Registry
+	// retry is the first wait after a failed load; 0 means
+	// initialSyncRetry.
+	retry time.Duration
 }
+
+// initialSyncRetry is the first wait before the initial load is tried
+// again; each failure doubles it up to initialSyncRetryMax.
+const (
+	initialSyncRetry    = time.Second
+	initialSyncRetryMax = 30 * time.Second
+)
 
 // NeedLeaderElection is false: every replica loads its policy.
 func (s *initialSync) NeedLeaderElection() bool { return false }
@@ -270,8 +284,22 @@ func (s *initialSync) Start(ctx context.Context) error {
 	if !s.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	if err := s.Sync(ctx); err != nil {
-		return err
+	wait := s.retry
+	if wait <= 0 {
+		wait = initialSyncRetry
+	}
+	for {
+		err := s.Sync(ctx)
+		if err == nil {
+			break
+		}
+		logf.FromContext(ctx).Error(err, "initial load of the pool and its tenants failed; retrying", "after", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, initialSyncRetryMax)
 	}
 	<-ctx.Done()
 	return nil
