@@ -103,6 +103,7 @@ func TenantPolicy(tq *v1alpha1.TenantQuota) registry.TenantPolicy {
 		ID:              tq.TenantIDOrName(),
 		Name:            tq.Name,
 		UID:             string(tq.UID),
+		Created:         tq.CreationTimestamp.Time,
 		Generation:      tq.Generation,
 		Weight:          int64(s.Weight),
 		Tier:            s.Tier,

@@ -247,6 +247,11 @@ type TenantPolicy struct {
 	// TenantQuota deleted and created again under the same name has a new
 	// UID: the status writer then forgets what it wrote to the old object.
 	UID string
+	// Created is the TenantQuota's metadata.creationTimestamp (zero when
+	// unknown). Of two TenantQuotas holding the same API key the one
+	// created first (then by Name) keeps it, whatever order they are
+	// loaded in (see Registry.UpsertTenant).
+	Created time.Time
 	// Limits of the tenant limiter (weighted tokens, provider tokens,
 	// requests, concurrency, KV blocks).
 	Limits limiter.Limits

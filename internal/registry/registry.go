@@ -670,13 +670,21 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 		r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 		return err
 	}
+	var taken []*Tenant // tenants p takes a key from, in KeyHashes order
 	for _, h := range p.KeyHashes {
 		if owner, ok := r.keys[h]; ok && owner.ID != p.ID {
+			if keyClaimedBefore(&p, owner.Policy()) {
+				taken = append(taken, owner)
+				continue
+			}
 			r.mu.Unlock()
 			err := fmt.Errorf("%w (tenant %q of TenantQuota %q)", ErrDuplicateKey, owner.ID, owner.Policy().Name)
 			r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
 			return err
 		}
+	}
+	for _, owner := range taken {
+		r.dropKeysLocked(owner, &p)
 	}
 	if cur == nil {
 		cur = &Tenant{ID: p.ID, Limiter: limiter.NewTenant(p.Limits, now), clock: r.clock}
@@ -702,6 +710,45 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	r.qmu.Unlock()
 	r.notify()
 	return nil
+}
+
+// keyClaimedBefore reports whether the TenantQuota of p holds an API key
+// before that of q when both claim it: the one created first, then the
+// lower name. A policy without a creation time (unknown) never takes a key
+// from another: the one loaded first keeps it.
+func keyClaimedBefore(p, q *TenantPolicy) bool {
+	if p.Created.IsZero() || q.Created.IsZero() {
+		return false
+	}
+	if !p.Created.Equal(q.Created) {
+		return p.Created.Before(q.Created)
+	}
+	return p.Name < q.Name
+}
+
+// dropKeysLocked takes from the served tenant t every API key p claims
+// (p's TenantQuota holds them before t's, keyClaimedBefore): t stays served
+// without them, and its TenantQuota reports ErrDuplicateKey naming p until
+// it is applied again (when it meets the same conflict, or none once p is
+// gone). Called with r.mu held.
+func (r *Registry) dropKeysLocked(t *Tenant, p *TenantPolicy) {
+	claimed := make(map[KeyHash]bool, len(p.KeyHashes))
+	for _, h := range p.KeyHashes {
+		claimed[h] = true
+	}
+	old := t.Policy()
+	np := *old
+	np.KeyHashes = nil
+	for _, h := range old.KeyHashes {
+		if claimed[h] {
+			delete(r.keys, h)
+			continue
+		}
+		np.KeyHashes = append(np.KeyHashes, h)
+	}
+	t.policy.Store(&np)
+	err := fmt.Errorf("%w (tenant %q of TenantQuota %q)", ErrDuplicateKey, p.ID, p.Name)
+	r.objects[old.Name] = &objectState{id: old.ID, uid: old.UID, generation: old.Generation, err: err}
 }
 
 func (r *Registry) setObjectError(name, id, uid string, gen int64, err error) {
