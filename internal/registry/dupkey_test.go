@@ -54,3 +54,40 @@ func TestDuplicateKeyOwnerDoesNotDependOnLoadOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateTenantIDHolderDoesNotDependOnLoadOrder: two TenantQuotas
+// with the same tenant id. The operator accepts the one created first
+// (then by name) and refuses the other with DuplicateTenantID; the
+// scheduler must serve that same one whatever order it loads them in, or
+// after a restart it serves the refused plan and the accepted tenant's
+// key gets 401.
+func TestDuplicateTenantIDHolderDoesNotDependOnLoadOrder(t *testing.T) {
+	older := TenantPolicy{ID: "x", Name: "tq-a", MaxQueued: 5, Created: t0, KeyHashes: []KeyHash{HashKey("key-a")}}
+	newer := TenantPolicy{ID: "x", Name: "tq-b", MaxQueued: 5, Created: t0.Add(time.Hour), KeyHashes: []KeyHash{HashKey("key-b")}}
+	for _, order := range [][]TenantPolicy{{older, newer}, {newer, older}} {
+		r := New(clocktesting.NewFakeClock(t0))
+		_ = r.SetPool(testPool())
+		for _, p := range order {
+			_ = r.UpsertTenant(p)
+		}
+		first := order[0].Name
+		if got := r.Tenant("x"); got == nil || got.Policy().Name != "tq-a" {
+			t.Errorf("loaded %s first: tenant x served for %v; want tq-a (created first)", first, got)
+		}
+		if r.TenantByKey("key-a") == nil || r.TenantByKey("key-b") != nil {
+			t.Errorf("loaded %s first: key-a %v, key-b %v; want tq-a's key only", first, r.TenantByKey("key-a"), r.TenantByKey("key-b"))
+		}
+		for _, o := range r.Snapshot(t0).Objects {
+			if o.Name == "tq-b" && !errors.Is(o.Err, ErrDuplicateTenantID) {
+				t.Errorf("loaded %s first: tq-b error %v; want ErrDuplicateTenantID", first, o.Err)
+			}
+			if o.Name == "tq-a" && o.Err != nil {
+				t.Errorf("loaded %s first: tq-a error %v; want none", first, o.Err)
+			}
+		}
+		// Removing the refused one leaves the served one alone.
+		if r.RemoveTenant("tq-b") != nil || r.Tenant("x") == nil {
+			t.Errorf("loaded %s first: removing tq-b removed tenant x", first)
+		}
+	}
+}

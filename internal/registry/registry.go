@@ -654,7 +654,10 @@ func (r *Registry) Model(name string) *Model {
 // its bucket levels, in-flight calls and KV blocks; the fair queue keeps its
 // jobs and deficit). Errors: the validation error, ErrDuplicateTenantID,
 // ErrDuplicateKey; on error nothing changes except that the error is
-// remembered for the object's status.
+// remembered for the object's status. Of two TenantQuotas claiming one
+// tenant id or one API key, the one created first (then by name,
+// createdBefore) gets it whatever the order they are applied in: p takes
+// it over from a later one, which then reports the error.
 func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	if err := p.Validate(); err != nil {
 		r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
@@ -664,16 +667,22 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	now := r.clock.Now()
 	r.mu.Lock()
 	cur := r.tenants[p.ID]
+	// displaced is the TenantQuota that served the tenant id until p, which
+	// holds it before it (createdBefore), takes it over.
+	var displaced *TenantPolicy
 	if cur != nil && cur.Policy().Name != p.Name {
-		r.mu.Unlock()
-		err := fmt.Errorf("%w: %q is already served for TenantQuota %q", ErrDuplicateTenantID, p.ID, cur.Policy().Name)
-		r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
-		return err
+		if !createdBefore(&p, cur.Policy()) {
+			r.mu.Unlock()
+			err := fmt.Errorf("%w: %q is already served for TenantQuota %q", ErrDuplicateTenantID, p.ID, cur.Policy().Name)
+			r.setObjectError(p.Name, p.ID, p.UID, p.Generation, err)
+			return err
+		}
+		displaced = cur.Policy()
 	}
 	var taken []*Tenant // tenants p takes a key from, in KeyHashes order
 	for _, h := range p.KeyHashes {
 		if owner, ok := r.keys[h]; ok && owner.ID != p.ID {
-			if keyClaimedBefore(&p, owner.Policy()) {
+			if createdBefore(&p, owner.Policy()) {
 				taken = append(taken, owner)
 				continue
 			}
@@ -702,6 +711,10 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	cur.policy.Store(&p)
 	cur.seedBudget(now, p.BudgetSeed)
 	r.objects[p.Name] = &objectState{id: p.ID, uid: p.UID, generation: p.Generation}
+	if displaced != nil {
+		err := fmt.Errorf("%w: %q is already served for TenantQuota %q", ErrDuplicateTenantID, p.ID, p.Name)
+		r.objects[displaced.Name] = &objectState{id: displaced.ID, uid: displaced.UID, generation: displaced.Generation, err: err}
+	}
 	r.mu.Unlock()
 
 	r.qmu.Lock()
@@ -712,11 +725,12 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 	return nil
 }
 
-// keyClaimedBefore reports whether the TenantQuota of p holds an API key
-// before that of q when both claim it: the one created first, then the
-// lower name. A policy without a creation time (unknown) never takes a key
-// from another: the one loaded first keeps it.
-func keyClaimedBefore(p, q *TenantPolicy) bool {
+// createdBefore reports whether the TenantQuota of p holds an API key or a
+// tenant id before that of q when both claim it: the one created first,
+// then the lower name (the operator's rule for DuplicateTenantID). A policy
+// without a creation time (unknown) never takes over from another: the one
+// loaded first keeps it.
+func createdBefore(p, q *TenantPolicy) bool {
 	if p.Created.IsZero() || q.Created.IsZero() {
 		return false
 	}
@@ -727,7 +741,7 @@ func keyClaimedBefore(p, q *TenantPolicy) bool {
 }
 
 // dropKeysLocked takes from the served tenant t every API key p claims
-// (p's TenantQuota holds them before t's, keyClaimedBefore): t stays served
+// (p's TenantQuota holds them before t's, createdBefore): t stays served
 // without them, and its TenantQuota reports ErrDuplicateKey naming p until
 // it is applied again (when it meets the same conflict, or none once p is
 // gone). Called with r.mu held.
