@@ -331,6 +331,26 @@ func (m *Metrics) ObserveUpstream(model string, d time.Duration) {
 	o.(prometheus.Observer).Observe(d.Seconds())
 }
 
+// ForgetModel deletes every series labelled with model (the pool no longer
+// serves it: registry.Registry.OnModelRemoved), so that models taken out of
+// the pool leave no series behind. A call of the model still in flight
+// counts into nothing, or, when it looks its series up after this, makes
+// it again (until the model is next forgotten or the scheduler restarts).
+func (m *Metrics) ForgetModel(model string) {
+	m.upstreamDuration.Delete(model)
+	m.upstreamResponses.Range(func(k, _ any) bool {
+		if k.(upstreamKey).model == model {
+			m.upstreamResponses.Delete(k)
+		}
+		return true
+	})
+	l := prometheus.Labels{"model": model}
+	m.UpstreamResponses.DeletePartialMatch(l)
+	m.UpstreamThrottled.DeletePartialMatch(l)
+	m.UpstreamDuration.DeletePartialMatch(l)
+	m.UpstreamHeadersMalformed.DeletePartialMatch(l)
+}
+
 // upstreamKey labels a series of upstream_responses_total.
 type upstreamKey struct {
 	model  string
@@ -339,8 +359,8 @@ type upstreamKey struct {
 
 // UpstreamResponse returns the upstream_responses_total series of model
 // and HTTP status, looked up once per (model, status): the pool's models
-// and the statuses a provider answers are few, and the series are never
-// deleted.
+// and the statuses a provider answers are few; a model's series are
+// deleted when the pool stops serving it (ForgetModel).
 func (m *Metrics) UpstreamResponse(model string, status int) prometheus.Counter {
 	k := upstreamKey{model, status}
 	if c, ok := m.upstreamResponses.Load(k); ok {

@@ -492,6 +492,8 @@ type Registry struct {
 	models        map[string]*Model
 	tenantsSynced bool
 	onRemove      []func(*Tenant)
+	// onModelRemove are the OnModelRemoved hooks.
+	onModelRemove []func(string)
 	onChange      []func()
 
 	qmu   sync.Mutex
@@ -526,6 +528,14 @@ func New(clk clock.PassiveClock) *Registry {
 func (r *Registry) OnTenantRemoved(fn func(*Tenant)) {
 	r.mu.Lock()
 	r.onRemove = append(r.onRemove, fn)
+	r.mu.Unlock()
+}
+
+// OnModelRemoved registers fn, called (without locks held) with the name of
+// each model a new pool policy no longer serves (SetPool).
+func (r *Registry) OnModelRemoved(fn func(name string)) {
+	r.mu.Lock()
+	r.onModelRemove = append(r.onModelRemove, fn)
 	r.mu.Unlock()
 }
 
@@ -582,11 +592,14 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 		nm.tokensHint.Store(max(m.TokensPerMinute, 0))
 		r.models[m.Name] = nm
 	}
+	var gone []string
 	for name := range r.models {
 		if !live[name] {
 			delete(r.models, name)
+			gone = append(gone, name)
 		}
 	}
+	modelHooks := r.onModelRemove
 	r.pool.Store(&p)
 	// A new usage window resizes every tenant's ring, keeping the buckets
 	// that fall in the new window (a call recorded during the swap may be
@@ -606,6 +619,11 @@ func (r *Registry) SetPool(p PoolPolicy) error {
 		r.qcfg = want
 	}
 	r.qmu.Unlock()
+	for _, name := range gone {
+		for _, fn := range modelHooks {
+			fn(name)
+		}
+	}
 	r.notify()
 	return nil
 }
