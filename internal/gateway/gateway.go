@@ -501,6 +501,19 @@ var hopHeaders = map[string]bool{
 	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
+// accountHeaders are provider response headers that describe the pool's
+// provider account or session rather than the call (the organization and
+// project the provider key belongs to, and cookies the provider sets for
+// the pool's client): they are not passed to tenants, who share the pool
+// and must learn nothing of its account. Keys are in canonical form, as Go
+// reads response headers.
+var accountHeaders = map[string]bool{
+	"Openai-Organization":       true,
+	"Openai-Project":            true,
+	"Anthropic-Organization-Id": true,
+	"Set-Cookie":                true,
+}
+
 // providerQuotaHeader reports whether an upstream response header describes
 // the provider account's quota; those are replaced by the tenant's own.
 // The comparison ignores ASCII case without lowering k (which allocated a
@@ -555,7 +568,8 @@ func (g *Gateway) newUpstreamRequest(ctx context.Context, pool *registry.PoolPol
 }
 
 // copyResponseHeaders copies the provider's response headers except
-// hop-by-hop fields, Content-Length and the provider's quota fields.
+// hop-by-hop fields, Content-Length, the provider's quota fields and the
+// fields that describe the pool's provider account (accountHeaders).
 func copyResponseHeaders(dst, src http.Header) {
 	n := 0
 	for _, vs := range src {
@@ -566,7 +580,7 @@ func copyResponseHeaders(dst, src http.Header) {
 	// writes into the next.
 	all := make([]string, 0, n)
 	for k, vs := range src {
-		if hopHeaders[k] || k == "Content-Length" || providerQuotaHeader(k) {
+		if hopHeaders[k] || accountHeaders[k] || k == "Content-Length" || providerQuotaHeader(k) {
 			continue
 		}
 		start := len(all)
