@@ -277,8 +277,9 @@ type dimension struct {
 	figFloor uint64
 	figStep  bool // fixed window (classic, IETF) rather than continuous
 	// winFrom is the start of the current fixed window as seen here: the
-	// reset instant of the previous window's figure, once passed (zero
-	// before the first reset). A fixed window never admits more than the
+	// reset instant of the previous window's figure, once passed, or the
+	// start of the call whose figure shows that the provider rolled the
+	// window over before that instant (zero before the first reset). A fixed window never admits more than the
 	// limit, so the estimate is also capped at limit minus the starts since
 	// winFrom: figures of calls admitted out of start order (concurrent
 	// calls reach the provider in any order) cannot then let more than the
@@ -601,8 +602,28 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 		return // an older call's response arriving late: the newer figure stands
 	}
 	if d.hasFig && d.figStep && d.figReset >= 0 {
-		if oldReset := d.figAt.Add(d.figReset); !now.Before(oldReset) {
+		oldReset := d.figAt.Add(d.figReset)
+		switch {
+		case !now.Before(oldReset):
 			d.winFrom = oldReset
+		case q.Reset >= 0 && q.Remaining > d.figRem && !d.winFrom.IsZero() &&
+			now.Add(q.Reset).Sub(oldReset) > max(time.Second, oldReset.Sub(d.winFrom)/2):
+			// The provider rolled its window over before the reset it
+			// announced (an integer-second reset is rounded up, an epoch
+			// one truncated, and the response's latency moves a delay
+			// later): more left than the last figure said, and an end
+			// more than half a window (and a second) past the announced
+			// one. The new window began before the provider admitted
+			// this call, so no later than its start; the starts before
+			// it belong to the old window and must not count in the
+			// new one's cap.
+			from := now
+			if e := d.entry(seq); e != nil {
+				from = time.Unix(0, e.at)
+			}
+			if from.After(d.winFrom) {
+				d.winFrom = from
+			}
 		}
 	}
 	rounded := d.optional && q.Dialect == DialectAnthropic && q.Remaining%anthropicStep == 0

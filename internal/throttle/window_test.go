@@ -110,3 +110,31 @@ func TestSubWindowPacingResetByDialectChange(t *testing.T) {
 		mustStart(t, th, at(time.Second), 100, Batch)
 	}
 }
+
+// A fixed window that the provider rolls over before the reset it announced
+// (an integer-second reset is rounded, an epoch reset truncated): the first
+// figure of the new window arrives before the old reset instant. The starts
+// of the previous window must not count against the new one: the window
+// then admits what its figure says is left, not the previous window's rest.
+func TestFixedWindowEarlyRolloverStartsAFreshCount(t *testing.T) {
+	th := New(Config{JitterWindow: -1, Rand: fixedRand(0)}, NOW)
+	classic := func(remaining int64, reset string) Quota {
+		return ParseHeaders(hdr("X-RateLimit-Limit: 10", "X-RateLimit-Remaining: "+itoa(remaining), "X-RateLimit-Reset: "+reset), NOW)
+	}
+	th.Observe(NOW, Permit{}, classic(10, "10"))                        // the window ends at +10 s
+	th.Observe(at(10500*time.Millisecond), Permit{}, classic(10, "10")) // next window: [10.5 s, 20.5 s)
+	for i := range 8 {
+		p := mustStart(t, th, at(11*time.Second), 1, Batch)
+		th.Observe(at(11100*time.Millisecond), p, classic(int64(9-i), "10")) // ends at 21.1 s as announced
+	}
+	// The provider's window really ends at 20.6 s. A call started at 20.65 s
+	// is the first of the new window: 9 left, 10 s to go.
+	p := mustStart(t, th, at(20650*time.Millisecond), 1, Batch)
+	th.Observe(at(20700*time.Millisecond), p, classic(9, "10"))
+	for i := range 9 {
+		if _, ok, wait := th.TryStart(at(20800*time.Millisecond), 1, Batch); !ok {
+			t.Fatalf("start %d of the 9 the new window has left refused, wait %v", i+1, wait)
+		}
+	}
+	mustRefuse(t, th, at(20800*time.Millisecond), 1, Batch)
+}
