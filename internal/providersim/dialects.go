@@ -84,6 +84,10 @@ func anthropicRemaining(v, limit int64, cfg Config) int64 {
 //     for the requests quota only.
 func writeQuotaHeaders(h http.Header, cfg Config, q quota) {
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	// The simulator's clock is the provider's: its Date goes with the
+	// absolute resets (Anthropic, classic epoch), which clients read
+	// against it when their clock differs.
+	h.Set("Date", q.now.UTC().Format(http.TimeFormat))
 	switch cfg.dialect() {
 	case DialectOpenAI:
 		if q.reqLimit > 0 {

@@ -18,7 +18,10 @@
 //     restricts parsing to the ProviderPool's dialect hint, so that headers a
 //     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
 //     ParseRetryAfter reads retry-after-ms, x-ms-retry-after-ms and
-//     Retry-After (delay-seconds or any RFC 9110 HTTP-date form). Malformed,
+//     Retry-After (delay-seconds or any RFC 9110 HTTP-date form). Absolute
+//     times (RFC 3339 and epoch resets, a Retry-After HTTP-date) are read
+//     against the response's Date when it is more than SkewTolerance from
+//     the local clock: they are instants of the provider's clock. Malformed,
 //     negative, NaN or out-of-range values are ignored and counted, never
 //     turned into "no wait" or "wait forever".
 //

@@ -146,3 +146,57 @@ func daysInMonth(month, year int) int {
 	}
 	return 31
 }
+
+// imfFixdateUnix parses an HTTP IMF-fixdate ("Sun, 06 Nov 1994 08:49:37
+// GMT", RFC 9110 section 5.6.7, the form a Date field is sent in) into Unix
+// seconds, with the field ranges of parseRFC3339UTC; ok=false for anything
+// else. The day name is not checked (as time.Parse does not).
+func imfFixdateUnix(s string) (int64, bool) {
+	if len(s) != 29 || s[3] != ',' || s[4] != ' ' || s[7] != ' ' || s[11] != ' ' || s[16] != ' ' ||
+		s[19] != ':' || s[22] != ':' || s[25:] != " GMT" {
+		return 0, false
+	}
+	var month int
+	switch s[8:11] {
+	case "Jan":
+		month = 1
+	case "Feb":
+		month = 2
+	case "Mar":
+		month = 3
+	case "Apr":
+		month = 4
+	case "May":
+		month = 5
+	case "Jun":
+		month = 6
+	case "Jul":
+		month = 7
+	case "Aug":
+		month = 8
+	case "Sep":
+		month = 9
+	case "Oct":
+		month = 10
+	case "Nov":
+		month = 11
+	case "Dec":
+		month = 12
+	default:
+		return 0, false
+	}
+	day, ok1 := digits2(s, 5)
+	year, ok2 := digits2(s, 12)
+	year2, ok3 := digits2(s, 14)
+	hour, ok4 := digits2(s, 17)
+	minute, ok5 := digits2(s, 20)
+	sec, ok6 := digits2(s, 23)
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) {
+		return 0, false
+	}
+	year = year*100 + year2
+	if day < 1 || day > daysInMonth(month, year) || hour > 23 || minute > 59 || sec > 59 {
+		return 0, false
+	}
+	return daysFromCivil(year, month, day)*86400 + int64(hour*3600+minute*60+sec), true
+}

@@ -584,11 +584,11 @@ func ParseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 	for s := 0; s < sOpenAI; s++ {
 		f.set(s, h[slotKeys[s]])
 	}
-	d, ok, _ = parseRetryAfter(&f, now)
+	d, ok, _ = parseRetryAfter(&f, h, now)
 	return d, ok
 }
 
-func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malformed int) {
+func parseRetryAfter(f *fields, h http.Header, now time.Time) (d time.Duration, ok bool, malformed int) {
 	for _, slot := range [2]int{sRetryAfterMs, sXMsRetryAfter} {
 		v, present := f.get(slot)
 		if !present {
@@ -622,7 +622,7 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 	if err != nil {
 		return 0, false, malformed + 1
 	}
-	d = at.Sub(now)
+	d = at.Sub(providerNow(h, now))
 	if d < 0 {
 		return 0, true, malformed
 	}
@@ -637,8 +637,49 @@ func parseRetryAfter(f *fields, now time.Time) (d time.Duration, ok bool, malfor
 type parser struct {
 	f         fields
 	now       time.Time
+	h         http.Header
+	ref       time.Time // providerNow's result, once refDone
+	refDone   bool
 	q         Quota
 	malformed int
+}
+
+// providerNow is providerNow(p.h, p.now), computed once per response.
+func (p *parser) providerNow() time.Time {
+	if !p.refDone {
+		p.ref, p.refDone = providerNow(p.h, p.now), true
+	}
+	return p.ref
+}
+
+// SkewTolerance is how far the provider's Date may be from the local clock
+// before absolute times in its rate-limit headers are read against that
+// Date instead of the local clock. Date has a resolution of one second and
+// is taken before the response travels, so a Date up to about a second
+// behind is normal.
+const SkewTolerance = 2 * time.Second
+
+// providerNow is the instant to read a response's absolute times against
+// (an RFC 3339 or epoch reset, a Retry-After HTTP-date), which are instants
+// of the provider's clock: the local now, or the response's Date
+// (IMF-fixdate, RFC 9110 section 6.6.1) when it is more than SkewTolerance
+// away from it. A local clock ahead of the provider's by 30 s would
+// otherwise read a reset 5 s away as already past, and one behind by
+// minutes pause for minutes more. A missing or malformed Date gives now.
+func providerNow(h http.Header, now time.Time) time.Time {
+	vs := h["Date"]
+	if len(vs) == 0 {
+		return now
+	}
+	sec, ok := imfFixdateUnix(vs[0])
+	if !ok {
+		return now
+	}
+	date := time.Unix(sec, 0)
+	if skew := date.Sub(now); skew > SkewTolerance || skew < -SkewTolerance {
+		return date
+	}
+	return now
 }
 
 // best is the Quota's figure for dimension dim (dimTokens...dimOutput).
@@ -709,7 +750,13 @@ func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) 
 	}
 	if v, ok := p.f.get(base + 2); ok {
 		present = true
-		if r, ok := parseResetValue(v, p.now); ok {
+		now := p.now
+		if len(v) >= 10 {
+			// Perhaps an absolute time (epoch, RFC 3339): read against
+			// the provider's clock. Relative forms do not read now.
+			now = p.providerNow()
+		}
+		if r, ok := parseResetValue(v, now); ok {
 			d.Reset = r
 		} else {
 			p.malformed++
@@ -810,7 +857,7 @@ func parseHeaders(h http.Header, now time.Time, dialect string) Quota {
 	if only != "" {
 		only = NormalizeDialect(dialect)
 	}
-	p := parser{now: now}
+	p := parser{now: now, h: h}
 	q := &p.q
 	// Field by field: a composite literal would be built on the stack and
 	// copied in wide loads that stall on the narrow stores.
@@ -822,7 +869,7 @@ func parseHeaders(h http.Header, now time.Time, dialect string) Quota {
 	f.gather(h, lo, hi)
 	var msRetry bool
 	if f.any(sRetryAfter, sOpenAI) {
-		q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(f, now)
+		q.RetryAfter, q.HasRetryAfter, p.malformed = parseRetryAfter(f, h, now)
 		msRetry = q.HasRetryAfter && f.any(sRetryAfterMs, 2)
 	}
 
