@@ -614,12 +614,16 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 			// later): more left than the last figure said, and an end
 			// more than half a window (and a second) past the announced
 			// one. The new window began before the provider admitted
-			// this call, so no later than its start; the starts before
-			// it belong to the old window and must not count in the
-			// new one's cap.
+			// this call; the calls that had answered before it started
+			// belong to the old window and must not count in the new
+			// one's cap, the calls still unanswered then (from its
+			// floor on) may reach the provider after it and do.
 			from := now
 			if e := d.entry(seq); e != nil {
 				from = time.Unix(0, e.at)
+				if f := d.entry(e.floor); f != nil {
+					from = time.Unix(0, f.at)
+				}
 			}
 			if from.After(d.winFrom) {
 				d.winFrom = from
