@@ -51,7 +51,8 @@ const (
 // Dimension is what a response says about one quota dimension.
 type Dimension struct {
 	// Limit is the quota per window (tokens or requests); -1 unknown. Always
-	// > 0 when known (a zero limit, as Azure sometimes sends, is malformed).
+	// > 0 when known (a zero limit, as Azure sometimes sends, is malformed,
+	// and so is the remaining of its triplet).
 	Limit int64
 	// Remaining is what is left now; -1 unknown. Never above Limit when both
 	// are known.
@@ -732,19 +733,25 @@ func (p *parser) offer(dim int, c *Dimension) {
 // The triplet's slots are base, base+1, base+2.
 func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) {
 	d.Limit, d.Remaining, d.Reset, d.Dialect = -1, -1, -1, dialect
+	zeroLimit := false
 	if v, ok := p.f.get(base); ok {
 		present = true
 		if n, ok := parseLimit(v); ok {
 			d.Limit = n
 		} else {
 			p.malformed++
+			n, ok := parseCount(v)
+			zeroLimit = ok && n == 0
 		}
 	}
 	if v, ok := p.f.get(base + 1); ok {
 		present = true
-		if n, ok := parseCount(v); ok {
+		if n, ok := parseCount(v); ok && !zeroLimit {
 			d.Remaining = n
 		} else {
+			// A limit of 0 is a placeholder (Azure OpenAI sends 0 and
+			// -1 figures): the remaining beside it says nothing either,
+			// and its 0 must not stop the model.
 			p.malformed++
 		}
 	}

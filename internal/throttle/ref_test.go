@@ -255,17 +255,20 @@ func (p *refParser) offer(dim int, c Dimension) {
 func (p *refParser) triplet(base int, dialect string) (d Dimension, present bool) {
 	d = unknownDimension()
 	d.Dialect = dialect
+	zeroLimit := false
 	if v, ok := p.f.get(base); ok {
 		present = true
 		if n, ok := refParseLimit(v); ok {
 			d.Limit = n
 		} else {
 			p.malformed++
+			n, ok := refParseCount(v)
+			zeroLimit = ok && n == 0
 		}
 	}
 	if v, ok := p.f.get(base + 1); ok {
 		present = true
-		if n, ok := refParseCount(v); ok {
+		if n, ok := refParseCount(v); ok && !zeroLimit {
 			d.Remaining = n
 		} else {
 			p.malformed++
