@@ -290,6 +290,9 @@ func (s *Server) injectEarly(ctx context.Context, w http.ResponseWriter, f Fault
 			status = http.StatusInternalServerError
 		}
 		if f.RetryAfter != "" {
+			// An HTTP-date Retry-After is read against the Date, which is
+			// the simulator's clock (see writeQuotaHeaders).
+			w.Header().Set("Date", s.clock.Now().UTC().Format(http.TimeFormat))
 			w.Header().Set("Retry-After", f.RetryAfter)
 		}
 		if f.RetryAfterMs != "" {
