@@ -40,11 +40,11 @@ func TestParseHeadersDialect(t *testing.T) {
 		want          Quota
 	}{
 		{"auto keeps the most restrictive figure", "Auto", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: dim(100, 5, 20*time.Second, DialectIETF), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
 		{"empty is auto", "", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: dim(100, 5, 20*time.Second, DialectIETF), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
 		{"unknown name is auto", "Gopher", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: dim(100, 5, 20*time.Second, DialectIETF), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
 		{"OpenAI", "OpenAI", mixedHeaders(), ra(Quota{
 			Tokens: dim(150000, 149000, 400*time.Millisecond, DialectOpenAI), Requests: dim(500, 499, 120*time.Millisecond, DialectOpenAI), Dialect: DialectOpenAI})},
 		{"openai lower case", "openai", mixedHeaders(), ra(Quota{

@@ -10,7 +10,9 @@
 //     the IETF draft-ietf-httpapi-ratelimit-headers structured fields
 //     (RateLimit / RateLimit-Policy, draft-10/11) and the older
 //     RateLimit-{Limit,Remaining,Reset} form (draft-03..06) — and keeps the
-//     most restrictive figure per dimension (provider tokens, requests, and
+//     most restrictive figure per dimension (the least remaining; a figure
+//     with more left whose reset comes later caps it past its reset:
+//     Dimension.Beyond) (provider tokens, requests, and
 //     Anthropic's separate input tokens and output tokens: ITPM and OTPM,
 //     from the anthropic-ratelimit-{input,output}-tokens-* triplets, never
 //     summed into provider tokens).

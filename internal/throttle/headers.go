@@ -63,6 +63,12 @@ type Dimension struct {
 	Reset time.Duration
 	// Dialect is the dialect that supplied this figure, "" if none.
 	Dialect string
+	// Beyond is, when > 0, the remaining of another figure of the same
+	// dimension whose reset comes later than Reset (an IETF policy with a
+	// longer window, such as a daily quota beside a per-second one): the
+	// most the dimension admits from this figure on, across its reset,
+	// until that later reset. 0 when no such figure was sent.
+	Beyond int64
 }
 
 // Known reports whether the dimension carries a limit or a remaining count.
@@ -724,8 +730,29 @@ func (p *parser) offer(dim int, c *Dimension) {
 		better = c.Limit < b.Limit
 	}
 	if better {
-		b.Limit, b.Remaining, b.Reset, b.Dialect = c.Limit, remaining, c.Reset, c.Dialect
+		// The figure replaced still binds past c's reset when its own
+		// reset is later (it has more left, or it would have won).
+		beyond := int64(0)
+		if b.Remaining >= 0 && c.Reset >= 0 && b.Reset > c.Reset {
+			beyond = minPositive(b.Remaining, b.Beyond)
+		}
+		b.Limit, b.Remaining, b.Reset, b.Dialect, b.Beyond = c.Limit, remaining, c.Reset, c.Dialect, beyond
+		return
 	}
+	if remaining >= 0 && b.Remaining >= 0 && b.Reset >= 0 && c.Reset > b.Reset {
+		b.Beyond = minPositive(b.Beyond, remaining)
+	}
+}
+
+// minPositive is the smaller of a and b among those > 0, 0 if neither is.
+func minPositive(a, b int64) int64 {
+	switch {
+	case a <= 0:
+		return max(b, 0)
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // triplet reads limit, remaining and reset header values into d, of the

@@ -30,6 +30,12 @@ func dim(limit, remaining int64, reset time.Duration, dialect string) Dimension 
 	return Dimension{Limit: limit, Remaining: remaining, Reset: reset, Dialect: dialect}
 }
 
+// withBeyond returns d with Beyond set.
+func withBeyond(d Dimension, beyond int64) Dimension {
+	d.Beyond = beyond
+	return d
+}
+
 var none = Dimension{Limit: -1, Remaining: -1, Reset: -1}
 
 // inOutUnknown returns q with a zero Input or Output replaced by none: the
@@ -314,7 +320,9 @@ func TestParseHeaders(t *testing.T) {
 				`RateLimit-Policy: "burst";q=100;w=60,"daily";q=1000;w=86400`,
 				`RateLimit: "default";r=50;t=30, "burst";r=40;t=20`,
 			),
-			want: Quota{Tokens: none, Requests: dim(100, 40, 20*time.Second, DialectIETF), Dialect: DialectIETF},
+			// "default" (no policy: requests) outlasts "burst": its 50 cap
+			// the dimension past burst's reset.
+			want: Quota{Tokens: none, Requests: withBeyond(dim(100, 40, 20*time.Second, DialectIETF), 50), Dialect: DialectIETF},
 		},
 		{
 			name: "IETF: several field lines, token unit, request unit, foreign units ignored, malformed members skipped",

@@ -245,7 +245,13 @@ func (p *refParser) offer(dim int, c Dimension) {
 		better = c.Limit < b.Limit
 	}
 	if better {
+		c.Beyond = 0
+		if b.Remaining >= 0 && c.Reset >= 0 && b.Reset > c.Reset {
+			c.Beyond = minPositive(b.Remaining, b.Beyond)
+		}
 		*b = c
+	} else if c.Remaining >= 0 && b.Remaining >= 0 && b.Reset >= 0 && c.Reset > b.Reset {
+		b.Beyond = minPositive(b.Beyond, c.Remaining)
 	}
 }
 

@@ -276,6 +276,11 @@ type dimension struct {
 	// started may have been admitted after it.
 	figFloor uint64
 	figStep  bool // fixed window (classic, IETF) rather than continuous
+	// figBeyond, when > 0, is the figure's Beyond: what another quota of
+	// the dimension that outlasts the figure's reset had left, which caps
+	// the estimate (less the starts the figure does not cover) while the
+	// figure is fresh, across its reset.
+	figBeyond int64
 	// winFrom is the start of the current fixed window as seen here: the
 	// reset instant of the previous window's figure, once passed, or the
 	// start of the call whose figure shows that the provider rolled the
@@ -465,7 +470,7 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 			if n := now.UnixNano(); n > prev {
 				level = math.Min(float64(lim), level+r*float64(n-prev))
 			}
-			return modeContinuous, lim, level, time.Time{}
+			return modeContinuous, lim, d.capBeyond(level), time.Time{}
 		}
 		resetAt := d.figAt.Add(Window)
 		if d.figReset >= 0 {
@@ -476,11 +481,20 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 			if !d.winFrom.IsZero() && !now.Before(d.winFrom) {
 				level = math.Min(level, float64(lim-d.windowSum(now, d.winFrom)))
 			}
-			return modeStep, lim, level, resetAt
+			return modeStep, lim, d.capBeyond(level), resetAt
 		}
-		return modeWindow, lim, float64(lim - d.windowSum(now, resetAt)), resetAt
+		return modeWindow, lim, d.capBeyond(float64(lim - d.windowSum(now, resetAt))), resetAt
 	}
 	return modeWindow, lim, float64(lim - d.windowSum(now, time.Time{})), time.Time{}
+}
+
+// capBeyond caps a fresh figure's level at its figBeyond less the starts
+// the figure does not cover.
+func (d *dimension) capBeyond(level float64) float64 {
+	if d.figBeyond <= 0 {
+		return level
+	}
+	return math.Min(level, float64(d.figBeyond-d.pendingSum()))
 }
 
 // verdict is one dimension's answer to "may a call of this cost start?".
@@ -638,7 +652,7 @@ func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 		}
 	}
 	d.hasFig = true
-	d.figRem, d.figAt, d.figReset = q.Remaining, now, q.Reset
+	d.figRem, d.figAt, d.figReset, d.figBeyond = q.Remaining, now, q.Reset, q.Beyond
 	d.figStep = q.Dialect == DialectClassic || q.Dialect == DialectIETF
 	if seq != 0 {
 		d.figSeq, d.figFloor = seq, seq
