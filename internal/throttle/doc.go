@@ -10,12 +10,12 @@
 //     the IETF draft-ietf-httpapi-ratelimit-headers structured fields
 //     (RateLimit / RateLimit-Policy, draft-10/11) and the older
 //     RateLimit-{Limit,Remaining,Reset} form (draft-03..06) — and keeps the
-//     most restrictive figure per dimension (the least remaining; a figure
-//     with more left whose reset comes later caps it past its reset:
-//     Dimension.Beyond) (provider tokens, requests, and
+//     most restrictive figure per dimension (provider tokens, requests, and
 //     Anthropic's separate input tokens and output tokens: ITPM and OTPM,
 //     from the anthropic-ratelimit-{input,output}-tokens-* triplets, never
-//     summed into provider tokens).
+//     summed into provider tokens): the least remaining, which a figure
+//     with more left but a later reset caps past its reset
+//     (Dimension.Beyond).
 //     ParseHeadersDialect (and Throttle.ParseHeaders with Config.Dialect)
 //     restricts parsing to the ProviderPool's dialect hint, so that headers a
 //     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
