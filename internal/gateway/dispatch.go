@@ -571,7 +571,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 			// never succeed, and it is no reason to pause the model (BC-10).
 			g.providerRefusedTooLarge(now, c, q, lim)
 			e := upstreamTooLargeError(c.model.Name, c.model.TokenLimit())
-			d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}, jsonOrNil(redactKey(eb, g.key)), nil)
+			d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}, jsonOrNil(g.key.Redact(eb)), nil)
 			return
 		}
 	}
@@ -610,7 +610,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		// the provider key redacted.
 		c.settle(settleRefund, limiter.Usage{})
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,
-			Message: fmt.Sprintf("The provider refused the request with %d.", resp.StatusCode)}, jsonOrNil(redactKey(body, g.key)), nil)
+			Message: fmt.Sprintf("The provider refused the request with %d.", resp.StatusCode)}, jsonOrNil(g.key.Redact(body)), nil)
 	case readErr != nil || int64(len(body)) > g.maxResp:
 		c.settle(settleUsage, limiter.Usage{})
 		d.finishWith(now, job.ID, job.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeUpstream,

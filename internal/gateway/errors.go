@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -497,16 +496,6 @@ func refillTime(missing, perMinute int64) time.Duration {
 func upstreamAuthError() *apiError {
 	return &apiError{status: http.StatusBadGateway, typ: typeAPI, code: codeUpstreamAuthentication,
 		message: "The provider refused the pool's credentials; the pool's operator must fix spec.upstream.credentialsSecretRef."}
-}
-
-// redactKey returns b with every occurrence of the provider key replaced by
-// "[REDACTED]": the backstop for provider error bodies passed to tenants or
-// stored with jobs. b is returned as is when key is empty or absent.
-func redactKey(b []byte, key string) []byte {
-	if key == "" || !bytes.Contains(b, []byte(key)) {
-		return b
-	}
-	return bytes.ReplaceAll(b, []byte(key), []byte("[REDACTED]"))
 }
 
 // isAuthRefusal reports whether an upstream status says the provider

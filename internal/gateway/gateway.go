@@ -56,6 +56,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/providerkey"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/tokencount"
 )
@@ -146,8 +147,13 @@ type Options struct {
 	// Metrics receives counters; nil registers them on a private registry.
 	Metrics *metrics.Metrics
 	// ProviderKey, when not empty, is sent upstream as
-	// `Authorization: Bearer <key>`, and nowhere else.
+	// `Authorization: Bearer <key>`, and nowhere else. Ignored when
+	// LiveProviderKey is set.
 	ProviderKey string
+	// LiveProviderKey, when set, is the provider key read on every
+	// upstream call, which its owner may replace at any time (a rotated
+	// key, providerkey.File); nil holds ProviderKey for good.
+	LiveProviderKey *providerkey.Key
 	// UpstreamConcurrency bounds calls in flight to the provider,
 	// interactive and batch together; <= 0 means 64.
 	UpstreamConcurrency int
@@ -184,7 +190,7 @@ type Gateway struct {
 	store     jobs.Store
 	clock     clock.WithTicker
 	metrics   *metrics.Metrics
-	key       string
+	key       *providerkey.Key
 	transport http.RoundTripper
 	log       logr.Logger
 	maxBody   int64
@@ -250,6 +256,9 @@ func New(o Options) *Gateway {
 	if o.MaxResponseBytes <= 0 {
 		o.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	if o.LiveProviderKey == nil {
+		o.LiveProviderKey = providerkey.New(o.ProviderKey)
+	}
 	if o.BodyReadTimeout <= 0 {
 		o.BodyReadTimeout = DefaultBodyReadTimeout
 	}
@@ -257,7 +266,7 @@ func New(o Options) *Gateway {
 		o.WriteStallTimeout = DefaultWriteStallTimeout
 	}
 	g := &Gateway{
-		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.ProviderKey,
+		reg: o.Registry, store: o.Store, clock: o.Clock, metrics: o.Metrics, key: o.LiveProviderKey,
 		transport: o.Transport, log: o.Log, maxBody: o.MaxBodyBytes, maxResp: o.MaxResponseBytes, rand: o.Rand,
 		bodyRead: o.BodyReadTimeout, writeStall: o.WriteStallTimeout,
 		sem:    make(chan struct{}, o.UpstreamConcurrency),
@@ -561,8 +570,8 @@ func (g *Gateway) newUpstreamRequest(ctx context.Context, pool *registry.PoolPol
 		}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if g.key != "" {
-		req.Header.Set("Authorization", "Bearer "+g.key)
+	if auth := g.key.Authorization(); auth != "" {
+		req.Header.Set("Authorization", auth)
 	}
 	return req, nil
 }

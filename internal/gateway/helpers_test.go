@@ -20,6 +20,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/providerkey"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
@@ -125,6 +126,7 @@ type envConfig struct {
 	concurrency int
 	maxResp     int64 // Options.MaxResponseBytes; 0: the default
 	wrapStore   func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store
+	key         *providerkey.Key // Options.LiveProviderKey; nil: "sk-provider-secret"
 }
 
 type envOption func(*envConfig)
@@ -140,6 +142,11 @@ func withConcurrency(n int) envOption {
 // withStore gives the gateway the store f returns around the env's MemStore.
 func withStore(f func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store) envOption {
 	return func(c *envConfig) { c.wrapStore = f }
+}
+
+// withProviderKey gives the gateway the live provider key k.
+func withProviderKey(k *providerkey.Key) envOption {
+	return func(c *envConfig) { c.key = k }
 }
 
 func withMaxResponseBytes(n int64) envOption {
@@ -170,7 +177,7 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 	if cfg.wrapStore != nil {
 		gwStore = cfg.wrapStore(store, fc)
 	}
-	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
+	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", LiveProviderKey: cfg.key, Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
 		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) }), Rand: func() float64 { return 0 }})
 	srv := httptest.NewServer(gw)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -151,7 +151,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 			w.Header().Set("Retry-After", ra)
 		}
 		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		g.writeUpstreamBody(w, t, resp, redactKey(eb, g.key))
+		g.writeUpstreamBody(w, t, resp, g.key.Redact(eb))
 		return
 	}
 	if req.stream && isEventStream(resp.Header.Get("Content-Type")) {

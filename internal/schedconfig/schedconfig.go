@@ -26,8 +26,11 @@ const APIVersion = "scheduler.fairshare.dev/v1"
 // SettingsKey is the ConfigMap data key (and file name) of the settings.
 const SettingsKey = "scheduler.json"
 
-// ProviderKeyEnv is the environment variable that carries the provider API
-// key into the scheduler container (from the pool's credentials Secret).
+// ProviderKeyEnv is the environment variable the scheduler reads the
+// provider API key from, once at start, when the settings name no
+// providerKeyFile (a scheduler run by hand or by the demo). The operator
+// mounts the key as a file instead, so that a rotated key is used without a
+// restart.
 const ProviderKeyEnv = "FAIRSHARE_PROVIDER_API_KEY"
 
 // Settings are the static settings of one pool's scheduler.
@@ -60,6 +63,13 @@ type Settings struct {
 	// omitempty: settings without it marshal, and hash, as before the field
 	// existed, so adding it did not roll existing schedulers.
 	JobStorePath string `json:"jobStorePath,omitempty"`
+	// ProviderKeyFile is the absolute path of the file holding the provider
+	// API key (the pool's credentials Secret mounted by the kubelet), read
+	// at start and again periodically, so that a key rotated in the Secret
+	// is used without a restart. Empty: the key is read from ProviderKeyEnv
+	// at start, if set. The path is fixed for a pool, whatever the key: a
+	// new key does not change the settings, nor roll the Deployment.
+	ProviderKeyFile string `json:"providerKeyFile,omitempty"`
 }
 
 // Marshal returns the settings as indented JSON, deterministic for equal values.
@@ -101,6 +111,9 @@ func (s Settings) Validate() error {
 	}
 	if s.JobStorePath != "" && !filepath.IsAbs(s.JobStorePath) {
 		errs = append(errs, fmt.Errorf("jobStorePath: must be an absolute path, got %q", s.JobStorePath))
+	}
+	if s.ProviderKeyFile != "" && !filepath.IsAbs(s.ProviderKeyFile) {
+		errs = append(errs, fmt.Errorf("providerKeyFile: must be an absolute path, got %q", s.ProviderKeyFile))
 	}
 	if s.LeaderElection && s.LeaseName == "" {
 		errs = append(errs, errors.New("leaseName: required when leaderElection is true"))

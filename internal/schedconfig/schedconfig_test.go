@@ -48,6 +48,11 @@ func TestParseRefuses(t *testing.T) {
 		t.Fatalf("relative job store path: got %v", err)
 	}
 	s = valid()
+	s.ProviderKeyFile = "provider/api-key"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), `providerKeyFile: must be an absolute path, got "provider/api-key"`) {
+		t.Fatalf("relative provider key file: got %v", err)
+	}
+	s = valid()
 	s.LeaderElection, s.LeaseName = true, ""
 	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "leaseName") {
 		t.Fatalf("leader election without a lease: got %v", err)
@@ -103,5 +108,28 @@ func TestJobStorePathOmitted(t *testing.T) {
 	}
 	if a.Hash() == b.Hash() {
 		t.Error("a job store path kept the hash")
+	}
+}
+
+// TestProviderKeyFile: settings without a provider key file marshal as
+// before the field existed (no roll of existing schedulers when the
+// operator is upgraded alone); with one, it round-trips. The file's path
+// is all the settings hold: the key itself never reaches them.
+func TestProviderKeyFile(t *testing.T) {
+	a := valid()
+	if strings.Contains(string(a.Marshal()), "providerKeyFile") {
+		t.Fatalf("Marshal without a provider key file: %s", a.Marshal())
+	}
+	b := valid()
+	b.ProviderKeyFile = "/var/run/fairshare/provider/api-key"
+	if !strings.Contains(string(b.Marshal()), `"providerKeyFile": "/var/run/fairshare/provider/api-key"`) {
+		t.Errorf("Marshal with a provider key file: %s", b.Marshal())
+	}
+	got, err := Parse(b.Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != b {
+		t.Errorf("round trip: got %+v, want %+v", got, b)
 	}
 }

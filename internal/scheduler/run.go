@@ -60,6 +60,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/kube"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
+	"github.com/fairshare-dev/fairshare/internal/providerkey"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
@@ -133,8 +134,10 @@ func ParseFlags(args []string) (Flags, error) {
 
 // Run runs the scheduler with the command-line args until ctx is
 // cancelled, then stops every server (releasing its port) and returns.
-// The provider API key is read from the environment variable
-// schedconfig.ProviderKeyEnv; it is never logged.
+// The provider API key is read from the settings' providerKeyFile, again
+// every providerkey.DefaultInterval (a key rotated in the mounted Secret
+// is used without a restart), or without one from the environment
+// variable schedconfig.ProviderKeyEnv at start; it is never logged.
 func Run(ctx context.Context, args []string) error {
 	f, err := ParseFlags(args)
 	if err != nil {
@@ -153,6 +156,21 @@ func Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
 	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
+}
+
+// providerKey returns the provider key of the settings: read from
+// s.ProviderKeyFile, with the Runnable that keeps it current, or envKey for
+// good when the settings name no file. A key file that cannot be read at
+// start is logged and read again like any other: the scheduler starts
+// without a key (the provider refuses its calls) rather than exit, and the
+// kubelet's next write of the file is picked up.
+func providerKey(s schedconfig.Settings, envKey string, log logr.Logger) (*providerkey.Key, *providerkey.File) {
+	if s.ProviderKeyFile == "" {
+		return providerkey.New(envKey), nil
+	}
+	f := &providerkey.File{Path: s.ProviderKeyFile, Key: providerkey.New(""), Log: log.WithName("provider-key")}
+	_ = f.Load()
+	return f.Key, f
 }
 
 // applyFlags returns s with the listen addresses replaced by the flags
@@ -180,7 +198,7 @@ func restConfig(path string) (*rest.Config, error) {
 	return ctrl.GetConfig()
 }
 
-func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, providerKey string, log logr.Logger) error {
+func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, envKey string, log logr.Logger) error {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
@@ -227,6 +245,13 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		log = log.WithValues("identity", e.Identity())
 	}
 
+	key, keyFile := providerKey(s, envKey, log)
+	if keyFile != nil {
+		if err := mgr.Add(keyFile); err != nil {
+			return err
+		}
+	}
+
 	clk := clock.RealClock{}
 	reg := registry.New(clk)
 	prom := prometheus.NewRegistry()
@@ -237,7 +262,7 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		return err
 	}
 	gw := &leaderGateway{storePath: s.JobStorePath, lockTimeout: StoreLockTimeout, addr: s.HTTPAddr, log: log,
-		opts: gateway.Options{Registry: reg, Clock: clk, Metrics: m, ProviderKey: providerKey,
+		opts: gateway.Options{Registry: reg, Clock: clk, Metrics: m, LiveProviderKey: key,
 			UpstreamConcurrency: int(s.UpstreamConcurrency), Log: log.WithName("gateway")}}
 	if err := mgr.Add(leaderOnly(gw)); err != nil {
 		return err
@@ -285,7 +310,7 @@ func run(ctx context.Context, s schedconfig.Settings, cfg *rest.Config, provider
 		return fmt.Errorf("loading the tokenizer: %w", err)
 	}
 	log.Info("starting scheduler", "httpAddr", s.HTTPAddr, "metricsAddr", s.MetricsAddr, "healthAddr", health,
-		"leaderElection", s.LeaderElection, "providerKey", providerKey != "", "jobStore", storeDescription(s.JobStorePath))
+		"leaderElection", s.LeaderElection, "providerKey", key.Present(), "providerKeyFile", s.ProviderKeyFile, "jobStore", storeDescription(s.JobStorePath))
 	return mgr.Start(ctx)
 }
 
