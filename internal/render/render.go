@@ -26,13 +26,17 @@
 // prometheus-operator), so a settings change rolls the scheduler. Everything
 // the scheduler reads live from the ProviderPool (models, reserve, cost model,
 // tenant identification, upstream URL) is deliberately not part of the
-// settings and does not roll it.
+// settings and does not roll it. Nor does the provider key: the pool's
+// credentials Secret is mounted as a file, which the kubelet updates when
+// the Secret changes and the scheduler reads again (the operator never
+// reads Secret data, so it could not hash the key anyway).
 package render
 
 import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -95,8 +99,9 @@ const (
 	// ConfigVolume is the name of the settings volume.
 	ConfigVolume = "settings"
 	// RunAsUser is the non-root UID the scheduler runs as (distroless "nonroot").
-	// It is also the pod's fsGroup when the job store volume is mounted, so
-	// the volume is group-writable by the container.
+	// It is also the pod's fsGroup when the job store volume or the
+	// provider key is mounted, so the volume is group-writable, and the key
+	// file group-readable, by the container.
 	RunAsUser int64 = 65532
 	// JobStoreDir is where the job store claim is mounted (read-write); the
 	// only writable path of the container, whose root filesystem is
@@ -107,6 +112,20 @@ const (
 	JobStorePath = JobStoreDir + "/jobs.db"
 	// JobStoreVolume is the name of the job store volume in the pod.
 	JobStoreVolume = "jobs"
+	// ProviderKeyDir is where the credentials Secret's key is mounted
+	// (read-only, never with subPath: the kubelet then updates the file
+	// when the Secret changes).
+	ProviderKeyDir = "/var/run/fairshare/provider"
+	// ProviderKeyFile is the settings' providerKeyFile of a pool with a
+	// credentialsSecretRef: the Secret's key as a file, whatever the key's
+	// name, so that the settings do not change with it.
+	ProviderKeyFile = ProviderKeyDir + "/api-key"
+	// ProviderKeyVolume is the name of the provider key volume in the pod.
+	ProviderKeyVolume = "provider-key"
+	// ProviderKeyMode is the provider key file's mode: read by owner (root)
+	// and group (the pod's fsGroup RunAsUser) only; the kubelet makes the
+	// file group-readable for the fsGroup in any case.
+	ProviderKeyMode int32 = 0o440
 )
 
 // DefaultJobStoreSize is spec.scheduler.jobStore.size when unset: 1 GiB. The
@@ -358,7 +377,17 @@ func Settings(pool *v1alpha1.ProviderPool) schedconfig.Settings {
 		StatusIntervalSeconds: interval,
 		UpstreamConcurrency:   concurrency,
 		JobStorePath:          jobStorePath(pool),
+		ProviderKeyFile:       providerKeyFile(pool),
 	}
+}
+
+// providerKeyFile is the settings' providerKeyFile: ProviderKeyFile when
+// the pool references a credentials Secret, else empty (no key).
+func providerKeyFile(pool *v1alpha1.ProviderPool) string {
+	if pool.Spec.Upstream.CredentialsSecretRef != nil {
+		return ProviderKeyFile
+	}
+	return ""
 }
 
 func jobStorePath(pool *v1alpha1.ProviderPool) string {
@@ -726,11 +755,15 @@ func deployment(pool *v1alpha1.ProviderPool, opts Options, s schedconfig.Setting
 	}
 }
 
-// podSpec: the image is pulled with spec.scheduler.imagePullSecrets; with
-// a Volume job store the claim is a volume and the pod's
-// fsGroup is RunAsUser (changed only when the volume root does not match
-// already, so a large store is not walked at every start), which makes the
-// volume writable by the non-root container.
+// podSpec: the image is pulled with spec.scheduler.imagePullSecrets; the
+// credentials Secret's key, when the pool names one, is a volume whose one
+// file the scheduler reads again periodically (the kubelet updates it
+// when the Secret changes, so a rotated key needs no restart); with a
+// Volume job store the claim is a volume (its ownership changed only when
+// the volume root does not match already, so a large store is not walked
+// at every start). With either the pod's fsGroup is RunAsUser, which makes
+// the key file readable and the job store writable by the non-root
+// container.
 func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
 	ps := corev1.PodSpec{
 		ServiceAccountName: Name(pool),
@@ -748,6 +781,21 @@ func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
 	}
 	for _, ref := range pool.Spec.Scheduler.ImagePullSecrets {
 		ps.ImagePullSecrets = append(ps.ImagePullSecrets, corev1.LocalObjectReference{Name: ref.Name})
+	}
+	if ref := pool.Spec.Upstream.CredentialsSecretRef; ref != nil {
+		key := ref.Key
+		if key == "" {
+			key = DefaultCredentialsKey
+		}
+		ps.SecurityContext.FSGroup = ptr.To(RunAsUser)
+		ps.Volumes = append(ps.Volumes, corev1.Volume{
+			Name: ProviderKeyVolume,
+			VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName:  ref.Name,
+				Items:       []corev1.KeyToPath{{Key: key, Path: path.Base(ProviderKeyFile)}},
+				DefaultMode: ptr.To(ProviderKeyMode),
+			}},
+		})
 	}
 	if VolumeJobStore(pool) {
 		ps.SecurityContext.FSGroup = ptr.To(RunAsUser)
@@ -777,7 +825,7 @@ func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 			{Name: "metrics", ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP},
 			{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
 		},
-		Env:            env(pool),
+		Env:            env(),
 		LivenessProbe:  probe("/healthz"),
 		ReadinessProbe: probe("/readyz"),
 		VolumeMounts:   []corev1.VolumeMount{{Name: ConfigVolume, MountPath: ConfigDir, ReadOnly: true}},
@@ -790,6 +838,9 @@ func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
+	if pool.Spec.Upstream.CredentialsSecretRef != nil {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: ProviderKeyVolume, MountPath: ProviderKeyDir, ReadOnly: true})
+	}
 	if VolumeJobStore(pool) {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: JobStoreVolume, MountPath: JobStoreDir})
 	}
@@ -799,27 +850,14 @@ func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 	return c
 }
 
-// env returns the provider key (only when the pool references a Secret) and
-// the pod's own name and namespace from the downward API.
-func env(pool *v1alpha1.ProviderPool) []corev1.EnvVar {
-	var vars []corev1.EnvVar
-	if ref := pool.Spec.Upstream.CredentialsSecretRef; ref != nil {
-		key := ref.Key
-		if key == "" {
-			key = DefaultCredentialsKey
-		}
-		vars = append(vars, corev1.EnvVar{
-			Name: schedconfig.ProviderKeyEnv,
-			ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
-				Key:                  key,
-			}},
-		})
-	}
-	return append(vars,
+// env returns the pod's own name and namespace from the downward API. The
+// provider key is not in the environment, which is fixed at container
+// start: it is mounted as a file (podSpec), read again as it changes.
+func env() []corev1.EnvVar {
+	return []corev1.EnvVar{
 		fieldEnv("POD_NAMESPACE", "metadata.namespace"),
 		fieldEnv("POD_NAME", "metadata.name"),
-	)
+	}
 }
 
 func fieldEnv(name, path string) corev1.EnvVar {

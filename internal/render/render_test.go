@@ -189,7 +189,8 @@ func TestSettings(t *testing.T) {
 				HTTPAddr: ":8080", MetricsAddr: ":9090", HealthAddr: ":8081",
 				LeaderElection: true, LeaseName: "openai-prod-scheduler",
 				StatusIntervalSeconds: 30, UpstreamConcurrency: 256,
-				JobStorePath: "/var/lib/fairshare/jobs.db",
+				JobStorePath:    "/var/lib/fairshare/jobs.db",
+				ProviderKeyFile: "/var/run/fairshare/provider/api-key",
 			},
 		},
 		"memory job store: no path": {
@@ -322,42 +323,90 @@ func TestRenderMetadata(t *testing.T) {
 	}
 }
 
+// TestRenderCredentials: the credentials Secret's key is mounted as the
+// file ProviderKeyFile (one item, whatever the key's name; never subPath,
+// so that the kubelet updates it when the Secret changes), read-only,
+// readable by the non-root container through fsGroup and by no one else;
+// the settings name that file, and the key is not in the environment,
+// which a rotation could not change.
 func TestRenderCredentials(t *testing.T) {
 	tests := map[string]struct {
 		ref     *v1alpha1.SecretKeyRef
-		wantEnv []string
 		wantKey string
 	}{
-		"no secret":         {ref: nil, wantEnv: []string{"POD_NAMESPACE", "POD_NAME"}},
-		"secret, key unset": {ref: &v1alpha1.SecretKeyRef{Name: "k"}, wantEnv: []string{"FAIRSHARE_PROVIDER_API_KEY", "POD_NAMESPACE", "POD_NAME"}, wantKey: "api-key"},
-		"secret and key":    {ref: &v1alpha1.SecretKeyRef{Name: "k", Key: "tok"}, wantEnv: []string{"FAIRSHARE_PROVIDER_API_KEY", "POD_NAMESPACE", "POD_NAME"}, wantKey: "tok"},
+		"no secret":         {ref: nil},
+		"secret, key unset": {ref: &v1alpha1.SecretKeyRef{Name: "k"}, wantKey: "api-key"},
+		"secret and key":    {ref: &v1alpha1.SecretKeyRef{Name: "k", Key: "tok"}, wantKey: "tok"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			pool := defaultPool()
+			pool := memoryPool()
 			pool.Spec.Upstream.CredentialsSecretRef = tc.ref
 			objs, err := Render(pool, testOptions)
 			if err != nil {
 				t.Fatal(err)
 			}
-			env := objs.Deployment.Spec.Template.Spec.Containers[0].Env
+			ps := objs.Deployment.Spec.Template.Spec
+			ctr := ps.Containers[0]
 			var names []string
-			for _, e := range env {
+			for _, e := range ctr.Env {
 				names = append(names, e.Name)
 			}
-			if diff := cmp.Diff(tc.wantEnv, names); diff != "" {
+			if diff := cmp.Diff([]string{"POD_NAMESPACE", "POD_NAME"}, names); diff != "" {
 				t.Errorf("env names (-want +got):\n%s", diff)
 			}
-			if tc.ref != nil {
-				sel := env[0].ValueFrom.SecretKeyRef
-				if sel.Name != tc.ref.Name || sel.Key != tc.wantKey {
-					t.Errorf("secretKeyRef = %s/%s, want %s/%s", sel.Name, sel.Key, tc.ref.Name, tc.wantKey)
+			s := Settings(pool)
+			if tc.ref == nil {
+				if len(ps.Volumes) != 1 || len(ctr.VolumeMounts) != 1 || ps.SecurityContext.FSGroup != nil || s.ProviderKeyFile != "" {
+					t.Errorf("no Secret: volumes %v, mounts %v, fsGroup %v, providerKeyFile %q; want the settings volume only",
+						ps.Volumes, ctr.VolumeMounts, ps.SecurityContext.FSGroup, s.ProviderKeyFile)
 				}
-				if env[0].Value != "" {
-					t.Errorf("provider key rendered as a literal value")
-				}
+				return
+			}
+			if s.ProviderKeyFile != "/var/run/fairshare/provider/api-key" {
+				t.Errorf("providerKeyFile %q", s.ProviderKeyFile)
+			}
+			if err := s.Validate(); err != nil {
+				t.Error(err)
+			}
+			wantVol := corev1.Volume{Name: "provider-key", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName:  tc.ref.Name,
+				Items:       []corev1.KeyToPath{{Key: tc.wantKey, Path: "api-key"}},
+				DefaultMode: ptr.To[int32](0o440),
+			}}}
+			if diff := cmp.Diff([]corev1.Volume{ps.Volumes[0], wantVol}, ps.Volumes); diff != "" {
+				t.Errorf("volumes (-want +got):\n%s", diff)
+			}
+			wantMounts := []corev1.VolumeMount{
+				{Name: "settings", MountPath: "/etc/fairshare", ReadOnly: true},
+				{Name: "provider-key", MountPath: "/var/run/fairshare/provider", ReadOnly: true},
+			}
+			if diff := cmp.Diff(wantMounts, ctr.VolumeMounts); diff != "" {
+				t.Errorf("mounts (-want +got):\n%s", diff)
+			}
+			if filepath.Dir(s.ProviderKeyFile) != wantMounts[1].MountPath {
+				t.Errorf("providerKeyFile %q is not in the mount %q", s.ProviderKeyFile, wantMounts[1].MountPath)
+			}
+			if got := ps.SecurityContext.FSGroup; got == nil || *got != *ctr.SecurityContext.RunAsUser {
+				t.Errorf("fsGroup %v, want the container's runAsUser %d (the key file is group-readable only)", got, *ctr.SecurityContext.RunAsUser)
+			}
+			if ps.SecurityContext.FSGroupChangePolicy != nil {
+				t.Errorf("fsGroupChangePolicy %v without a job store volume", *ps.SecurityContext.FSGroupChangePolicy)
 			}
 		})
+	}
+}
+
+// TestRenderKeyChangeKeepsHash: the settings, and so the pod template's
+// hash, are the same whatever the credentials Secret's key name: the
+// key's file path is fixed. (A rotated key changes the Secret's data
+// only, which the operator never reads.)
+func TestRenderKeyChangeKeepsHash(t *testing.T) {
+	a, b := defaultPool(), defaultPool()
+	a.Spec.Upstream.CredentialsSecretRef = &v1alpha1.SecretKeyRef{Name: "k"}
+	b.Spec.Upstream.CredentialsSecretRef = &v1alpha1.SecretKeyRef{Name: "k", Key: "other"}
+	if Settings(a).Hash() != Settings(b).Hash() {
+		t.Error("the settings hash follows the credentials key name")
 	}
 }
 
@@ -573,10 +622,11 @@ func TestRenderJobStore(t *testing.T) {
 				t.Errorf("job store volume (-want +got):\n%s", diff)
 			}
 			ctr := ps.Containers[0]
-			wantMounts := []corev1.VolumeMount{
-				{Name: "settings", MountPath: "/etc/fairshare", ReadOnly: true},
-				{Name: "jobs", MountPath: "/var/lib/fairshare"},
+			wantMounts := []corev1.VolumeMount{{Name: "settings", MountPath: "/etc/fairshare", ReadOnly: true}}
+			if tc.pool.Spec.Upstream.CredentialsSecretRef != nil {
+				wantMounts = append(wantMounts, corev1.VolumeMount{Name: "provider-key", MountPath: "/var/run/fairshare/provider", ReadOnly: true})
 			}
+			wantMounts = append(wantMounts, corev1.VolumeMount{Name: "jobs", MountPath: "/var/lib/fairshare"})
 			if diff := cmp.Diff(wantMounts, ctr.VolumeMounts); diff != "" {
 				t.Errorf("mounts (-want +got):\n%s", diff)
 			}

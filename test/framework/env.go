@@ -170,6 +170,9 @@ func (e *Env) startScheduler(ctx context.Context, logf func(string, ...any)) err
 	if err != nil {
 		return fmt.Errorf("ConfigMap %s: %w", name, err)
 	}
+	if settings.ProviderKeyFile, err = LocalProviderKeyFile(ctx, e.CP.Client, e.Namespace, dep.Spec.Template.Spec, settings.ProviderKeyFile, e.WorkDir); err != nil {
+		return err
+	}
 	settingsPath := filepath.Join(e.WorkDir, schedconfig.SettingsKey)
 	if err := os.WriteFile(settingsPath, settings.Marshal(), 0o644); err != nil {
 		return err
@@ -229,4 +232,47 @@ func (e *Env) Stop() {
 	if e.CP != nil {
 		_ = e.CP.Stop()
 	}
+}
+
+// LocalProviderKeyFile stands in for the kubelet for the scheduler's
+// provider key file (settings providerKeyFile file): it writes the item of
+// the Secret volume that the pod ps mounts over file, read with c (as the
+// admin), to a file under dir, and returns that file's path for the
+// settings of a scheduler run as a local process; "" when file is "". Call
+// it again to write the Secret's current key, as the kubelet does after a
+// change of the Secret.
+func LocalProviderKeyFile(ctx context.Context, c client.Client, ns string, ps corev1.PodSpec, file, dir string) (string, error) {
+	if file == "" || len(ps.Containers) == 0 {
+		return "", nil
+	}
+	for _, m := range ps.Containers[0].VolumeMounts {
+		rel, ok := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !ok {
+			continue
+		}
+		for _, v := range ps.Volumes {
+			if v.Name != m.Name || v.Secret == nil {
+				continue
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path != rel {
+					continue
+				}
+				var s corev1.Secret
+				if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: v.Secret.SecretName}, &s); err != nil {
+					return "", fmt.Errorf("provider key Secret: %w", err)
+				}
+				local := filepath.Join(dir, "secret-"+v.Name, rel)
+				if err := os.MkdirAll(filepath.Dir(local), 0o700); err != nil {
+					return "", err
+				}
+				tmp := local + ".tmp"
+				if err := os.WriteFile(tmp, s.Data[it.Key], 0o400); err != nil {
+					return "", err
+				}
+				return local, os.Rename(tmp, local)
+			}
+		}
+	}
+	return "", fmt.Errorf("no Secret volume item of the pod is mounted at %s", file)
 }

@@ -268,9 +268,7 @@ func TestSecurity(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkPodSecurity(t, "scheduler Deployment", d.Spec.Template.Spec)
-		if env := d.Spec.Template.Spec.Containers[0].Env; env[0].Value != "" || env[0].ValueFrom.SecretKeyRef == nil {
-			t.Errorf("provider key env %+v: want a secretKeyRef, never a literal", env[0])
-		}
+		checkProviderKeyMount(t, d.Spec.Template.Spec)
 	})
 
 	logf("starting the scheduler as its ServiceAccount (impersonating kubeconfig)")
@@ -640,6 +638,47 @@ func checkPodSecurity(t *testing.T, what string, ps corev1.PodSpec) {
 	}
 }
 
+// checkProviderKeyMount: the provider key reaches the scheduler as a file
+// of a read-only Secret volume, readable by the pod's fsGroup and no
+// other user, never with subPath (the kubelet would not update it after a
+// rotation), and neither as an environment variable nor as a literal.
+func checkProviderKeyMount(t *testing.T, ps corev1.PodSpec) {
+	t.Helper()
+	var vol *corev1.Volume
+	for i := range ps.Volumes {
+		if ps.Volumes[i].Secret != nil {
+			if vol != nil {
+				t.Errorf("two Secret volumes: %s and %s", vol.Name, ps.Volumes[i].Name)
+			}
+			vol = &ps.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Fatal("no Secret volume: the provider key is not mounted")
+	}
+	if vol.Secret.SecretName != "provider-key" || len(vol.Secret.Items) != 1 {
+		t.Errorf("Secret volume %+v: want the one key of Secret provider-key", vol.Secret)
+	}
+	if m := vol.Secret.DefaultMode; m == nil || *m&0o037 != 0 {
+		t.Errorf("Secret volume mode %v: want no group write and nothing for others", m)
+	}
+	if g := ps.SecurityContext.FSGroup; g == nil || *g == 0 {
+		t.Errorf("fsGroup %v: the non-root scheduler cannot read the key file", g)
+	}
+	for _, c := range ps.Containers {
+		for _, e := range c.Env {
+			if e.Name == schedconfig.ProviderKeyEnv || e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				t.Errorf("container %s: the provider key is in the environment (%s), fixed until a restart", c.Name, e.Name)
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			if m.Name == vol.Name && (!m.ReadOnly || m.SubPath != "" || m.SubPathExpr != "") {
+				t.Errorf("container %s: provider key mount %+v: want read-only, without subPath", c.Name, m)
+			}
+		}
+	}
+}
+
 // checkChart renders the chart with bin/helm and checks the operator Deployment.
 func checkChart(t *testing.T) {
 	helm := filepath.Join(framework.RepoRoot(), "bin", "helm")
@@ -691,6 +730,13 @@ func startSchedulerAsServiceAccount(ctx context.Context, t *testing.T, cp *frame
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The kubelet's part: mount the provider key as the admin.
+	if settings.ProviderKeyFile, err = framework.LocalProviderKeyFile(ctx, cp.Client, ns, dep.Spec.Template.Spec, settings.ProviderKeyFile, work); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(settings.ProviderKeyFile); err != nil || string(b) != providerKey {
+		t.Fatalf("provider key not passed to the scheduler: file %q: %v", settings.ProviderKeyFile, err)
+	}
 	saKubeconfig := impersonating(t, cp, work, saUser, ns)
 	sp := &framework.SchedulerSpec{Namespace: ns, Name: scheduler, Settings: settings,
 		SettingsPath: filepath.Join(work, schedconfig.SettingsKey), Env: []string{"KUBECONFIG=" + saKubeconfig}}
@@ -719,9 +765,6 @@ func startSchedulerAsServiceAccount(ctx context.Context, t *testing.T, cp *frame
 		default:
 			sp.Env = append(sp.Env, v.Name+"="+v.Value)
 		}
-	}
-	if !slices.Contains(sp.Env, schedconfig.ProviderKeyEnv+"="+providerKey) {
-		t.Fatalf("provider key not passed to the scheduler: env names %v", ctr.Env)
 	}
 	p := framework.NewSchedulerProcess(t, sp, bin, work, "", filepath.Join(work, "jobs.db"))
 	p.Start(t, 1)
