@@ -82,7 +82,12 @@ func RenderedScheduler(ctx context.Context, t testing.TB, cp *ControlPlane, oper
 	if dep.Spec.Replicas != nil {
 		sp.Replicas = *dep.Spec.Replicas
 	}
-	if err := os.WriteFile(sp.SettingsPath, settings.Marshal(), 0o644); err != nil {
+	// The kubelet's part for a pool with a credentials Secret: its key as
+	// a local file, named by the local settings.
+	if sp.Settings.ProviderKeyFile, err = LocalProviderKeyFile(ctx, cp.Client, namespace, dep.Spec.Template.Spec, settings.ProviderKeyFile, work); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sp.SettingsPath, sp.Settings.Marshal(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c := dep.Spec.Template.Spec.Containers[0]
