@@ -186,6 +186,22 @@ type ModelSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000000000
 	RequestsPerMinute *int64 `json:"requestsPerMinute,omitempty"`
+
+	// rateLimitGroup names the provider rate limit this model shares with
+	// the pool's other models of the same group, for providers that count
+	// several models against one quota (Anthropic's limits per model class,
+	// OpenAI's shared limits across a model's snapshots). The scheduler keeps
+	// one adaptive throttle per group: a response or a 429 for any member
+	// paces and pauses every member, so the members together start no more
+	// than the one quota. The group's hints are the smallest tokensPerMinute
+	// and requestsPerMinute its members state. Unset: the model has a
+	// throttle of its own. 1 to 63 characters: lowercase letters, digits,
+	// '-', '.' and '_', starting and ending with a letter or digit.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$`
+	RateLimitGroup string `json:"rateLimitGroup,omitempty"`
 }
 
 // ReserveSpec keeps part of the upstream quota for interactive traffic.

@@ -53,7 +53,7 @@ func PoolPolicy(p *v1alpha1.ProviderPool) registry.PoolPolicy {
 	}
 	out.Usage = UsageConfig(&s.UsageMonitoring)
 	for _, m := range s.Models {
-		mp := registry.ModelPolicy{Name: m.Name}
+		mp := registry.ModelPolicy{Name: m.Name, RateLimitGroup: m.RateLimitGroup}
 		if m.TokensPerMinute != nil {
 			mp.TokensPerMinute = *m.TokensPerMinute
 		}

@@ -86,10 +86,13 @@ type KeyHash [sha256.Size]byte
 func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
 
 // ModelPolicy is one model of the pool with its provider quota hints
-// (provider tokens and requests per minute; 0 unknown).
+// (provider tokens and requests per minute; 0 unknown) and the provider
+// rate limit it shares with other models (ProviderPool
+// spec.models[].rateLimitGroup; "" for a limit of its own).
 type ModelPolicy struct {
 	Name                               string
 	TokensPerMinute, RequestsPerMinute int64
+	RateLimitGroup                     string
 }
 
 // PoolPolicy is the live policy of the pool, translated from the

@@ -438,8 +438,15 @@ func (t *Tenant) CheckBudget(now time.Time, weighted int64) (ok bool, resetIn ti
 type Model struct {
 	// Name of the model.
 	Name string
-	// Throttle paces calls to the provider for this model.
+	// Throttle paces calls to the provider for this model. Models of one
+	// rate-limit group share it (ModelPolicy.RateLimitGroup); it is fixed
+	// for the life of the Model: a model that changes group is replaced by
+	// a new Model (SetPool).
 	Throttle *throttle.Throttle
+
+	// throttleKey is the key of the throttle in SetPool: "group:<group>"
+	// or "model:<name>". Guarded by Registry.mu.
+	throttleKey string
 
 	throttled atomic.Int64
 	// tokensHint is the ProviderPool's tokensPerMinute hint; hdrTokens the
@@ -556,11 +563,23 @@ func (r *Registry) notify() {
 	}
 }
 
-func throttleConfig(p *PoolPolicy, m ModelPolicy) throttle.Config {
+// throttleConfig is the throttle configuration of the pool p for the
+// models ms sharing one throttle (one model, or the members of a rate-limit
+// group): each hint is the smallest a member states (0 when none does).
+func throttleConfig(p *PoolPolicy, ms []ModelPolicy) throttle.Config {
+	var tpm, rpm int64
+	for _, m := range ms {
+		if m.TokensPerMinute > 0 && (tpm == 0 || m.TokensPerMinute < tpm) {
+			tpm = m.TokensPerMinute
+		}
+		if m.RequestsPerMinute > 0 && (rpm == 0 || m.RequestsPerMinute < rpm) {
+			rpm = m.RequestsPerMinute
+		}
+	}
 	return throttle.Config{
 		ReservePercent:        p.ReservePercent,
-		TokensPerMinuteHint:   m.TokensPerMinute,
-		RequestsPerMinuteHint: m.RequestsPerMinute,
+		TokensPerMinuteHint:   tpm,
+		RequestsPerMinuteHint: rpm,
 		DefaultBackoff:        throttleBackoff,
 		JitterWindow:          throttleJitter,
 		BorrowAfter:           p.BorrowAfter,
@@ -568,29 +587,93 @@ func throttleConfig(p *PoolPolicy, m ModelPolicy) throttle.Config {
 	}
 }
 
+// throttleKey is the key of the throttle serving m: the models of one
+// rate-limit group share "group:<group>", a model without a group has
+// "model:<name>" (the prefixes keep a group named like a model apart).
+func throttleKey(m ModelPolicy) string {
+	if m.RateLimitGroup != "" {
+		return "group:" + m.RateLimitGroup
+	}
+	return "model:" + m.Name
+}
+
 // SetPool validates p and commits it: models are added, reconfigured in
 // place (provider figures and pauses kept) or removed; the queue's quantum,
 // bound and aging apply live to the queue as it stands (no job dropped,
-// deficits kept: fairqueue.Queue.SetConfig). It returns the validation
-// error and changes nothing when p is invalid.
+// deficits kept: fairqueue.Queue.SetConfig). Models of one rate-limit group
+// share one throttle (ModelPolicy.RateLimitGroup). A throttle that served
+// the same key before is kept; a new group takes over the throttle of its
+// first listed member that had one not kept by another key, so a model
+// joining or forming a group keeps its figures and pause; a model whose
+// throttle changes is replaced by a new Model (its 429 count and provider
+// token limit carried over), calls in flight settling on the one they
+// started with. It returns the validation error and changes nothing when p
+// is invalid.
 func (r *Registry) SetPool(p PoolPolicy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
 	p.Models = append([]ModelPolicy(nil), p.Models...)
 	now := r.clock.Now()
-	r.mu.Lock()
-	live := map[string]bool{}
+	members := map[string][]ModelPolicy{}
+	var keys []string
 	for _, m := range p.Models {
-		live[m.Name] = true
-		if cur, ok := r.models[m.Name]; ok {
-			cur.Throttle.Reconfigure(now, throttleConfig(&p, m))
-			cur.tokensHint.Store(max(m.TokensPerMinute, 0))
+		k := throttleKey(m)
+		if members[k] == nil {
+			keys = append(keys, k)
+		}
+		members[k] = append(members[k], m)
+	}
+	r.mu.Lock()
+	// The throttle of each key: the one that served the key, else the first
+	// member's if no key keeps it (taken), else a new one.
+	prev := map[string]*throttle.Throttle{}
+	for _, cur := range r.models {
+		prev[cur.throttleKey] = cur.Throttle
+	}
+	taken := map[*throttle.Throttle]bool{}
+	chosen := map[string]*throttle.Throttle{}
+	for _, k := range keys {
+		if th := prev[k]; th != nil {
+			chosen[k], taken[th] = th, true
+		}
+	}
+	for _, k := range keys {
+		if chosen[k] != nil {
 			continue
 		}
-		nm := &Model{Name: m.Name, Throttle: throttle.New(throttleConfig(&p, m), now)}
-		nm.tokensHint.Store(max(m.TokensPerMinute, 0))
-		r.models[m.Name] = nm
+		for _, m := range members[k] {
+			if cur, ok := r.models[m.Name]; ok && !taken[cur.Throttle] {
+				chosen[k], taken[cur.Throttle] = cur.Throttle, true
+				break
+			}
+		}
+	}
+	live := map[string]bool{}
+	for _, k := range keys {
+		cfg := throttleConfig(&p, members[k])
+		th := chosen[k]
+		if th == nil {
+			th = throttle.New(cfg, now)
+		} else {
+			th.Reconfigure(now, cfg)
+		}
+		for _, m := range members[k] {
+			live[m.Name] = true
+			cur, ok := r.models[m.Name]
+			if ok && cur.Throttle == th {
+				cur.throttleKey = k
+				cur.tokensHint.Store(max(m.TokensPerMinute, 0))
+				continue
+			}
+			nm := &Model{Name: m.Name, Throttle: th, throttleKey: k}
+			nm.tokensHint.Store(max(m.TokensPerMinute, 0))
+			if ok {
+				nm.throttled.Store(cur.throttled.Load())
+				nm.hdrTokens.Store(cur.hdrTokens.Load())
+			}
+			r.models[m.Name] = nm
+		}
 	}
 	var gone []string
 	for name := range r.models {
