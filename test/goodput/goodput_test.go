@@ -74,6 +74,11 @@ type scenario struct {
 	requests  bool   // utilisation counts requests (the dialect's headers count requests), else tokens
 	align     time.Duration
 	maxTokens int64 // the requests' max_tokens
+	// models are the models the backlog's jobs name in turn, all counted
+	// against the simulator's one quota, in the ProviderPool's
+	// rateLimitGroup group; nil: [model] without a group.
+	models []string
+	group  string
 	// hidden is the most quota, in the utilisation's unit, that the
 	// dialect's rounding of remaining can hide from the client (Anthropic:
 	// a 1,000-token step): a bucket may keep that much unseen, and a
@@ -130,6 +135,25 @@ func scenarios() []scenario {
 		}
 	}
 	return s
+}
+
+// groupScenario is the openai scenario with the backlog spread over two
+// models that the simulator counts against its one quota (as OpenAI counts a
+// model's dated snapshots against one limit), in one rateLimitGroup. Without
+// the group, each model's throttle takes the shared remaining for its own:
+// about 30 upstream 429s in the 10 s measured.
+func groupScenario() scenario {
+	s := scenarios()[0]
+	s.name, s.models, s.group = "openai-group", []string{model, model + "-2024-07-18"}, model
+	return s
+}
+
+// modelNames returns the scenario's models ([model] by default).
+func (s scenario) modelNames() []string {
+	if len(s.models) == 0 {
+		return []string{model}
+	}
+	return s.models
 }
 
 // tokensPerMinute is the tokens quota: TokensPerMinute, or for Anthropic's
@@ -391,9 +415,12 @@ func run(tb testing.TB, s scenario, name string, c client, paced bool, length ti
 // and the reply priming).
 var content = strings.Repeat(" the", promptTokens-tokencount.MessageOverheadTokens-tokencount.ReplyPrimingTokens)
 
-func requestBody(s scenario) []byte {
+func requestBody(s scenario) []byte { return requestBodyFor(s, model) }
+
+// requestBodyFor is requestBody naming model m.
+func requestBodyFor(s scenario, m string) []byte {
 	b, _ := json.Marshal(map[string]any{
-		"model": model, "max_tokens": s.maxTokens,
+		"model": m, "max_tokens": s.maxTokens,
 		"messages": []map[string]string{{"role": "user", "content": content}},
 	})
 	return b
@@ -405,10 +432,13 @@ func gatewayClient(ctx context.Context, tb testing.TB, s scenario, simURL string
 	reg := registry.New(clock.RealClock{})
 	pool := registry.PoolPolicy{
 		Name: "goodput", BaseURL: simURL, Dialect: s.hint,
-		Models:          []registry.ModelPolicy{{Name: model, TokensPerMinute: s.tokensPerMinute(), RequestsPerMinute: s.sim.RequestsPerMinute}},
 		CostModel:       limiter.CostModel{InputWeight: 1, OutputWeight: 1},
 		MaxQueuedJobs:   backlog,
 		UpstreamTimeout: 30 * time.Second,
+	}
+	for _, m := range s.modelNames() {
+		pool.Models = append(pool.Models, registry.ModelPolicy{Name: m, TokensPerMinute: s.tokensPerMinute(), RequestsPerMinute: s.sim.RequestsPerMinute,
+			RateLimitGroup: s.group})
 	}
 	if err := reg.SetPool(pool); err != nil {
 		tb.Fatal(err)
@@ -429,10 +459,14 @@ func gatewayClient(ctx context.Context, tb testing.TB, s scenario, simURL string
 		srv.Close()
 	}()
 
-	line, _ := json.Marshal(map[string]any{"endpoint": "/v1/chat/completions", "body": json.RawMessage(requestBody(s))})
+	var lines [][]byte
+	for _, m := range s.modelNames() {
+		line, _ := json.Marshal(map[string]any{"endpoint": "/v1/chat/completions", "body": json.RawMessage(requestBodyFor(s, m))})
+		lines = append(lines, line)
+	}
 	var upload bytes.Buffer
-	for range backlog {
-		upload.Write(line)
+	for i := range backlog {
+		upload.Write(lines[i%len(lines)])
 		upload.WriteByte('\n')
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/jobs/bulk", &upload)
@@ -554,7 +588,8 @@ func BenchmarkGoodput(b *testing.B) {
 // does not serialise them): the warm-up (see run: about 3-28 s, at most
 // MaxWarmup), up to the next window boundary, then 10 s measured, so that
 // a fixed-window dialect's measurement spans whole windows: about 15-45 s
-// in all. Where the dialect rounds remaining (scenario.hidden > 0,
+// in all. openai-group (groupScenario) spreads the backlog over two models
+// of one rateLimitGroup that share the simulator's quota. Where the dialect rounds remaining (scenario.hidden > 0,
 // Anthropic), a 10 s measurement is imprecise by up to the hidden amount:
 // only no 429 and at least 80% are asserted there.
 func TestGoodputGateway(t *testing.T) {
@@ -562,7 +597,7 @@ func TestGoodputGateway(t *testing.T) {
 		t.Skip("runs 15-45 s on the real clock")
 	}
 	var wg sync.WaitGroup
-	for _, s := range scenarios() {
+	for _, s := range append(scenarios(), groupScenario()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
