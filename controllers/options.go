@@ -26,13 +26,13 @@ type options struct {
 	render render.Options
 	// apiReader reads past the cache (nil: no such reads).
 	apiReader client.Reader
-	// secretRecheck is how often a pool whose provider Secret is missing is
-	// looked at again.
+	// secretRecheck is how often a pool whose provider Secret is missing or
+	// lacks the key is looked at again.
 	secretRecheck time.Duration
 }
 
 // DefaultProviderSecretRecheck is how often the ProviderPoolReconciler looks
-// again for a pool's missing provider Secret (the operator may GET Secrets
+// again at a pool's provider Secret that is missing or lacks the key (the operator may GET Secrets
 // but not watch them, so their creation does not trigger a reconcile).
 const DefaultProviderSecretRecheck = 30 * time.Second
 
@@ -63,15 +63,16 @@ func WithRenderOptions(r render.Options) Option {
 }
 
 // WithAPIReader sets the reader the ProviderPoolReconciler uses for the
-// objects it may GET but does not cache or watch: the metadata of the
-// pool's provider Secret (pass the manager's GetAPIReader()). Without it
-// a missing provider Secret is not reported.
+// objects it reads past the cache: the pool's provider Secret, whose key it
+// checks, and the metadata of objects its cache does not hold (pass the
+// manager's GetAPIReader()). Without it a provider Secret that is missing
+// or lacks the key is not reported.
 func WithAPIReader(r client.Reader) Option {
 	return func(o *options) { o.apiReader = r }
 }
 
 // WithProviderSecretRecheck sets how often a pool whose provider Secret is
-// missing is reconciled again (default DefaultProviderSecretRecheck; <= 0
+// missing or lacks the key is reconciled again (default DefaultProviderSecretRecheck; <= 0
 // keeps the default).
 func WithProviderSecretRecheck(d time.Duration) Option {
 	return func(o *options) {

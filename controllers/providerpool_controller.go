@@ -55,8 +55,9 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings;roles,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=quota.fairshare.dev,resources=tenantquotas,verbs=get;list;watch
 // The API server lets the operator create a Role granting GET on a Secret
-// only if the operator may GET it itself (RBAC escalation check); GET only,
-// never list or watch.
+// only if the operator may GET it itself (RBAC escalation check); it also
+// GETs a pool's provider Secret to check its key (providerSecretProblem).
+// GET only, never list or watch.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
 // Likewise for the pool Role (render.PoolRoleName): get and update on the
@@ -72,16 +73,23 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 //  1. get the pool (gone or being deleted: nothing to do; the garbage
 //     collector deletes the owned objects);
 //  2. reconcileObjects: render and apply the scheduler objects (events:
-//     SchedulerRolled, JobStoreNotShared);
+//     SchedulerRolled, JobStoreNotShared), then providerSecretProblem: is
+//     the provider key in the Secret credentialsSecretRef names;
 //  3. computePoolStatus: the Accepted and Ready conditions and
 //     status.observedGeneration, pure (no API call);
 //  4. reconcileStatus: one status apply, only when that differs from what
-//     the server holds (events: SchedulerAvailable, RenderFailed, and the
-//     Ready reason when Ready is lost).
+//     the server holds (events: SchedulerAvailable, RenderFailed, the
+//     provider Secret's problem when it appears, and the Ready reason when
+//     Ready is lost).
+//
+// The scheduler objects are applied whether or not the provider Secret
+// gives the key: the kubelet retries the mount, so the pods start by
+// themselves once the Secret is fixed, and Ready says meanwhile why they do
+// not (ProviderSecretNotFound, ProviderSecretKeyMissing).
 //
 // A pool that cannot be rendered is not retried (Accepted=False InvalidSpec
-// until its spec changes); an apply error is returned so the request is
-// retried with backoff.
+// until its spec changes); an apply error or a failed read of the provider
+// Secret is returned so the request is retried with backoff.
 func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pool := &v1alpha1.ProviderPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
@@ -95,20 +103,20 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	objs := r.reconcileObjects(ctx, pool)
-	objs.providerSecret = r.providerSecretProblem(ctx, pool)
+	objs.providerSecret, objs.secretErr = r.providerSecretProblem(ctx, pool)
 	desired := computePoolStatus(pool, objs, conditionTime(r.clock))
 
-	if err := r.reconcileStatus(ctx, pool, desired); err != nil {
-		if res, ok := retryOnConflict(ctx, err); ok && objs.applyErr == nil {
+	if err := r.reconcileStatus(ctx, pool, desired, objs.providerSecret); err != nil {
+		if res, ok := retryOnConflict(ctx, err); ok && objs.applyErr == nil && objs.secretErr == nil {
 			return res, nil
 		}
-		return ctrl.Result{}, errors.Join(objs.applyErr, err)
+		return ctrl.Result{}, errors.Join(objs.applyErr, objs.secretErr, err)
 	}
-	if objs.providerSecret != "" && objs.applyErr == nil {
-		// Secrets are not watched: look again for the missing one.
+	if objs.providerSecret.reason != "" && objs.applyErr == nil && objs.secretErr == nil {
+		// Secrets are not watched: look again at the provider Secret.
 		return ctrl.Result{RequeueAfter: r.secretRecheck}, nil
 	}
-	return ctrl.Result{}, objs.applyErr
+	return ctrl.Result{}, errors.Join(objs.applyErr, objs.secretErr)
 }
 
 // tenantPool maps a TenantQuota to the ProviderPool it references.

@@ -1,9 +1,11 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -30,35 +32,68 @@ type objectsResult struct {
 	// applyErr is the first server-side apply error.
 	applyErr error
 	// providerSecret says why the pool's provider Secret cannot give the
-	// scheduler its key ("" when it can, or is not known not to):
+	// scheduler its key (zero when it can, or is not known not to):
 	// providerSecretProblem.
-	providerSecret string
+	providerSecret secretProblem
+	// secretErr is the error of the provider Secret's read, if any.
+	secretErr error
+}
+
+// secretProblem is why the Secret a pool's spec.upstream.credentialsSecretRef
+// names cannot give the scheduler its provider key. It names the Secret and
+// the key, never a value.
+type secretProblem struct {
+	// reason is v1alpha1.ReasonProviderSecretNotFound or
+	// v1alpha1.ReasonProviderSecretKeyMissing; "" when there is no problem.
+	reason string
+	// message says what is wrong and what the scheduler's pods do meanwhile.
+	message string
 }
 
 // providerSecretProblem returns why the Secret the pool's
 // spec.upstream.credentialsSecretRef names cannot give the scheduler's pods
-// their provider key: a message when it does not exist, "" when it exists,
-// when the pool names none or without an API reader (WithAPIReader). It
-// reads the Secret's metadata only, past the cache (the operator may GET
-// Secrets but neither list nor watch them, and never reads the key); a read
-// that fails otherwise is logged and reported as "".
-func (r *ProviderPoolReconciler) providerSecretProblem(ctx context.Context, pool *v1alpha1.ProviderPool) string {
+// their provider key: ProviderSecretNotFound when it does not exist,
+// ProviderSecretKeyMissing when it has no key (the kubelet cannot mount it)
+// or an empty or whitespace-only value under it (the scheduler would have no
+// key; it ignores surrounding whitespace). It returns the zero problem when
+// the key has a value, when the pool names no Secret, or without an API
+// reader (WithAPIReader), and an error when the read fails otherwise.
+//
+// The Secret is read with one GET past the cache: Kubernetes returns a
+// Secret's keys only with their values, so the key cannot be checked from
+// the metadata the operator watches (CacheByObject keeps no Secret data).
+// The value is only looked at here, never kept, logged or written.
+func (r *ProviderPoolReconciler) providerSecretProblem(ctx context.Context, pool *v1alpha1.ProviderPool) (secretProblem, error) {
 	ref := pool.Spec.Upstream.CredentialsSecretRef
 	if ref == nil || r.apiReader == nil {
-		return ""
+		return secretProblem{}, nil
 	}
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	dataKey := ref.Key
+	if dataKey == "" {
+		dataKey = render.DefaultCredentialsKey
+	}
 	key := client.ObjectKey{Namespace: pool.Namespace, Name: ref.Name}
-	switch err := r.apiReader.Get(ctx, key, m); {
-	case err == nil:
-		return ""
+	secret := &corev1.Secret{}
+	switch err := r.apiReader.Get(ctx, key, secret); {
 	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("Secret %s (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key", key)
-	default:
-		ctrl.LoggerFrom(ctx).V(1).Info("could not read the provider Secret's metadata", "secret", key, "error", err.Error())
-		return ""
+		return secretProblem{reason: v1alpha1.ReasonProviderSecretNotFound, message: fmt.Sprintf(
+			"Secret %s (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key under key %q",
+			key, dataKey)}, nil
+	case err != nil:
+		return secretProblem{}, fmt.Errorf("getting the provider Secret %s: %w", key, err)
 	}
+	value, ok := secret.Data[dataKey]
+	switch {
+	case !ok:
+		return secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing, message: fmt.Sprintf(
+			"Secret %s has no key %q (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it",
+			key, dataKey)}, nil
+	case len(bytes.TrimSpace(value)) == 0:
+		return secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing, message: fmt.Sprintf(
+			"Secret %s has an empty value under key %q (spec.upstream.credentialsSecretRef.key): the scheduler has no provider key until it is set",
+			key, dataKey)}, nil
+	}
+	return secretProblem{}, nil
 }
 
 // reconcileObjects renders the pool's objects and applies each one with
@@ -320,8 +355,10 @@ func (r *ProviderPoolReconciler) deleteJobStoreClaim(ctx context.Context, pool *
 }
 
 // reconcileStatus applies desired's operator-owned status when it differs
-// from pool's, and records an event for each meaningful transition.
-func (r *ProviderPoolReconciler) reconcileStatus(ctx context.Context, pool, desired *v1alpha1.ProviderPool) error {
+// from pool's, and records an event for each meaningful transition
+// (recordTransitions; secret is the provider Secret's problem desired was
+// computed with).
+func (r *ProviderPoolReconciler) reconcileStatus(ctx context.Context, pool, desired *v1alpha1.ProviderPool, secret secretProblem) error {
 	if !statusChanged(pool.Status.Conditions, desired.Status.Conditions, pool.Status.ObservedGeneration, desired.Status.ObservedGeneration, controllerConditionTypes) {
 		return nil
 	}
@@ -331,22 +368,35 @@ func (r *ProviderPoolReconciler) reconcileStatus(ctx context.Context, pool, desi
 	ready := apimeta.FindStatusCondition(desired.Status.Conditions, v1alpha1.ConditionReady)
 	ctrl.LoggerFrom(ctx).V(1).Info("Updated ProviderPool status", "providerPool", klog.KObj(pool),
 		"ready", ready.Status, "reason", ready.Reason, "message", ready.Message)
-	r.recordTransitions(pool, pool.Status.Conditions, desired.Status.Conditions)
+	r.recordTransitions(pool, pool.Status.Conditions, desired.Status.Conditions, secret)
 	return nil
 }
 
 // recordTransitions emits events when the pool becomes Ready, stops being
-// Ready, or cannot be rendered or applied (each once per transition).
-func (r *ProviderPoolReconciler) recordTransitions(pool *v1alpha1.ProviderPool, oldConds, newConds []metav1.Condition) {
+// Ready, cannot be rendered or applied, or its Ready condition starts to
+// report secret, a problem of its provider Secret (a Warning with its reason,
+// ProviderSecretNotFound or ProviderSecretKeyMissing, and message, whether
+// Ready is False for it or still True with it in the message; again when the
+// problem changes, e.g. from a missing Secret to a missing key). Each is
+// recorded once per transition; a pool that loses Ready for its provider
+// Secret gets that one Warning.
+func (r *ProviderPoolReconciler) recordTransitions(pool *v1alpha1.ProviderPool, oldConds, newConds []metav1.Condition, secret secretProblem) {
 	oldReady := apimeta.FindStatusCondition(oldConds, v1alpha1.ConditionReady)
 	newReady := apimeta.FindStatusCondition(newConds, v1alpha1.ConditionReady)
+	reportsSecret := func(c *metav1.Condition) bool {
+		return c != nil && secret.reason != "" && strings.Contains(c.Message, secret.message)
+	}
+	secretReported := reportsSecret(newReady) && !reportsSecret(oldReady)
+	if secretReported {
+		r.recorder.Event(pool, corev1.EventTypeWarning, secret.reason, secret.message)
+	}
 	switch {
 	case newReady == nil:
 	case newReady.Reason == v1alpha1.ReasonRenderFailed && (oldReady == nil || oldReady.Reason != v1alpha1.ReasonRenderFailed):
 		r.recorder.Event(pool, corev1.EventTypeWarning, v1alpha1.ReasonRenderFailed, newReady.Message)
 	case newReady.Status == metav1.ConditionTrue && (oldReady == nil || oldReady.Status != metav1.ConditionTrue):
 		r.recorder.Event(pool, corev1.EventTypeNormal, v1alpha1.ReasonSchedulerAvailable, newReady.Message)
-	case newReady.Status != metav1.ConditionTrue && oldReady != nil && oldReady.Status == metav1.ConditionTrue:
+	case newReady.Status != metav1.ConditionTrue && oldReady != nil && oldReady.Status == metav1.ConditionTrue && !secretReported:
 		r.recorder.Event(pool, corev1.EventTypeWarning, newReady.Reason, newReady.Message)
 	}
 }

@@ -56,12 +56,18 @@ func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now meta
 //     says so): its replicas serve until it does;
 //   - False SchedulerProgressing while that generation is not observed and
 //     too few replicas are available;
-//   - else False ProviderSecretNotFound, with secretProblem as message, when
-//     that is not "" (the pods cannot start without the provider Secret),
-//     or False SchedulerProgressing, the message completed with what the
+//   - else False with secret's reason and message (ProviderSecretNotFound,
+//     ProviderSecretKeyMissing) when secret has one: the pods cannot start
+//     without the provider key, which is why none is available;
+//   - else False SchedulerProgressing, the message completed with what the
 //     Deployment's ReplicaFailure and Progressing conditions say keeps its
 //     pods from becoming available (deploymentProblem).
-func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, secretProblem string, now metav1.Time) {
+//
+// A pool that is True while secret has a problem (its running replicas
+// mounted the key before the Secret was deleted or changed) stays True, its
+// replicas serve, but the message ends with secret's message: a pod started
+// now (a restart, a roll, a node drain) would not get the key.
+func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deployment, err error, secret secretProblem, now metav1.Time) {
 	cond := metav1.Condition{
 		Type:               v1alpha1.ConditionReady,
 		Status:             metav1.ConditionFalse,
@@ -95,8 +101,12 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 			cond.Message += ": " + why
 		}
 	}
-	if cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonSchedulerProgressing && secretProblem != "" {
-		cond.Reason, cond.Message = v1alpha1.ReasonProviderSecretNotFound, secretProblem
+	switch {
+	case secret.reason == "" || err != nil:
+	case cond.Status == metav1.ConditionFalse:
+		cond.Reason, cond.Message = secret.reason, secret.message
+	default:
+		cond.Message += "; " + secret.message
 	}
 	setCondition(&pool.Status.Conditions, cond, now)
 }

@@ -92,7 +92,7 @@ func TestProviderSecretMissingNamedInReady(t *testing.T) {
 	create(t, pool)
 	eventually(t, "Ready=False ProviderSecretNotFound", wantCondition(pool, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretNotFound))
 	c := apimeta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
-	if want := fmt.Sprintf("Secret %s/provider-key (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key", ns); c.Message != want {
+	if want := fmt.Sprintf(`Secret %s/provider-key (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key under key "api-key"`, ns); c.Message != want {
 		t.Errorf("Ready message %q, want %q", c.Message, want)
 	}
 	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provider-key"}, StringData: map[string]string{"api-key": "k"}})

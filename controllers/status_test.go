@@ -104,11 +104,41 @@ func withDeploymentConditions(d *appsv1.Deployment, conds ...appsv1.DeploymentCo
 }
 
 func TestSetReadyCondition(t *testing.T) {
+	noSecret := secretProblem{reason: v1alpha1.ReasonProviderSecretNotFound, message: "Secret ns/k does not exist"}
+	noKey := secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing, message: `Secret ns/k has no key "api-key"`}
 	tests := map[string]struct {
 		deployment *appsv1.Deployment
 		err        error
+		secret     secretProblem
 		want       metav1.Condition
 	}{
+		"Secret missing, no Deployment yet": {
+			secret: noSecret,
+			want:   metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonProviderSecretNotFound, Message: "Secret ns/k does not exist"},
+		},
+		"key missing, no replica available": {
+			deployment: deploymentWith(1, 1, 1, 0), secret: noKey,
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonProviderSecretKeyMissing, Message: `Secret ns/k has no key "api-key"`},
+		},
+		"key missing wins over the Deployment's own conditions": {
+			deployment: withDeploymentConditions(deploymentWith(1, 1, 1, 0), appsv1.DeploymentCondition{
+				Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: "ProgressDeadlineExceeded", Message: "timed out",
+			}), secret: noKey,
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonProviderSecretKeyMissing, Message: `Secret ns/k has no key "api-key"`},
+		},
+		"key missing, generation not observed, none available": {
+			deployment: deploymentWith(1, 2, 1, 0), secret: noKey,
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonProviderSecretKeyMissing, Message: `Secret ns/k has no key "api-key"`},
+		},
+		"key missing while a replica runs: True, the message says so": {
+			deployment: deploymentWith(1, 1, 1, 1), secret: noKey,
+			want: metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonSchedulerAvailable,
+				Message: `Deployment p-scheduler has 1 of 1 required replicas available; Secret ns/k has no key "api-key"`},
+		},
+		"render failed wins over the Secret": {
+			err: errors.New("boom"), secret: noSecret,
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed, Message: "boom"},
+		},
 		"render failed": {
 			err:  errors.New("boom"),
 			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed, Message: "boom"},
@@ -172,7 +202,7 @@ func TestSetReadyCondition(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pool := &v1alpha1.ProviderPool{}
 			pool.Name, pool.Generation = "p", 4
-			setReadyCondition(pool, tc.deployment, tc.err, "", t0)
+			setReadyCondition(pool, tc.deployment, tc.err, tc.secret, t0)
 			want := tc.want
 			want.Type, want.ObservedGeneration, want.LastTransitionTime = v1alpha1.ConditionReady, 4, t0
 			if diff := cmp.Diff([]metav1.Condition{want}, pool.Status.Conditions); diff != "" {

@@ -39,10 +39,20 @@ const (
 	ReasonRenderFailed = "RenderFailed"
 	// ReasonSchedulerAvailable: the scheduler Deployment has its replicas available.
 	ReasonSchedulerAvailable = "SchedulerAvailable"
-	// ReasonProviderSecretNotFound (ProviderPool Ready False): the Secret
-	// spec.upstream.credentialsSecretRef names does not exist, so the
-	// scheduler's pods cannot start (their provider key comes from it).
+	// ReasonProviderSecretNotFound (ProviderPool Ready False, and a Warning
+	// event): the Secret spec.upstream.credentialsSecretRef names does not
+	// exist, so the scheduler's pods cannot start (their provider key is
+	// mounted from it). The message names the Secret and the key. While a
+	// replica still runs (Ready True), Ready's message says so instead.
 	ReasonProviderSecretNotFound = "ProviderSecretNotFound"
+	// ReasonProviderSecretKeyMissing (ProviderPool Ready False, and a
+	// Warning event): the Secret spec.upstream.credentialsSecretRef names
+	// exists but has no value under its key: the key is absent (the
+	// scheduler's pods cannot mount it and do not start) or its value is
+	// empty or only whitespace (the scheduler has no provider key). The
+	// message names the Secret and the key, never a value. While a replica
+	// still runs (Ready True), Ready's message says so instead.
+	ReasonProviderSecretKeyMissing = "ProviderSecretKeyMissing"
 	// ReasonSchedulerProgressing: the scheduler Deployment is not yet available.
 	ReasonSchedulerProgressing = "SchedulerProgressing"
 	// ReasonJobStoreNotShared (Warning event on the pool): replicas > 1 with a
