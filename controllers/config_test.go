@@ -178,6 +178,11 @@ func TestRBACIsSufficient(t *testing.T) {
 		{Group: v1alpha1.GroupVersion.Group, Resource: "tenantquotas", Subresource: "status", Verb: "patch", Namespace: ns},
 		{Group: v1alpha1.GroupVersion.Group, Resource: "providerpools", Verb: "watch"},
 		{Group: "", Resource: "events", Verb: "create", Namespace: ns},
+		// The provider Secret: one GET to check its key, and the watch of
+		// Secrets' metadata in every namespace that triggers its pools.
+		{Resource: "secrets", Verb: "get", Namespace: ns, Name: "provider-key"},
+		{Resource: "secrets", Verb: "list"},
+		{Resource: "secrets", Verb: "watch"},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser, ResourceAttributes: &attr}}
 		if err := k8sClient.Create(ctx, sar); err != nil {
@@ -193,6 +198,7 @@ func TestRBACIsSufficient(t *testing.T) {
 // operator never uses. It applies its objects with server-side apply
 // (create, patch) and deletes the job store claim of a pool switched to
 // Memory: it never updates a claim, and the claim holds the pool's jobs.
+// It only reads Secrets (get, and list and watch for their metadata).
 func TestRBACGrantsNoUnusedVerb(t *testing.T) {
 	requireEnv(t)
 	installRBAC(t)
@@ -200,7 +206,10 @@ func TestRBACGrantsNoUnusedVerb(t *testing.T) {
 	ns := newNamespace(t)
 	for _, attr := range []authorizationv1.ResourceAttributes{
 		{Resource: "persistentvolumeclaims", Verb: "update", Namespace: ns},
-		{Resource: "secrets", Verb: "list", Namespace: ns},
+		{Resource: "secrets", Verb: "update", Namespace: ns},
+		{Resource: "secrets", Verb: "patch", Namespace: ns},
+		{Resource: "secrets", Verb: "delete", Namespace: ns},
+		{Resource: "secrets", Verb: "create", Namespace: ns},
 		{Group: "apps", Resource: "deployments", Verb: "delete", Namespace: ns},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser, ResourceAttributes: &attr}}

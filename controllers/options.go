@@ -1,11 +1,10 @@
 package controllers
 
 import (
-	"time"
-
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -26,21 +25,12 @@ type options struct {
 	render render.Options
 	// apiReader reads past the cache (nil: no such reads).
 	apiReader client.Reader
-	// secretRecheck is how often a pool whose provider Secret is missing or
-	// lacks the key is looked at again.
-	secretRecheck time.Duration
 }
-
-// DefaultProviderSecretRecheck is how often the ProviderPoolReconciler looks
-// again at a pool's provider Secret that is missing or lacks the key (the operator may GET Secrets
-// but not watch them, so their creation does not trigger a reconcile).
-const DefaultProviderSecretRecheck = 30 * time.Second
 
 func newOptions(opts []Option) options {
 	o := options{
-		clock:         clock.RealClock{},
-		render:        render.Options{SchedulerClusterRole: render.DefaultSchedulerClusterRole},
-		secretRecheck: DefaultProviderSecretRecheck,
+		clock:  clock.RealClock{},
+		render: render.Options{SchedulerClusterRole: render.DefaultSchedulerClusterRole},
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -71,21 +61,11 @@ func WithAPIReader(r client.Reader) Option {
 	return func(o *options) { o.apiReader = r }
 }
 
-// WithProviderSecretRecheck sets how often a pool whose provider Secret is
-// missing or lacks the key is reconciled again (default DefaultProviderSecretRecheck; <= 0
-// keeps the default).
-func WithProviderSecretRecheck(d time.Duration) Option {
-	return func(o *options) {
-		if d > 0 {
-			o.secretRecheck = d
-		}
-	}
-}
-
 // CacheByObject restricts the manager's cache of the kinds the operator owns
 // to the objects it rendered (label app.kubernetes.io/managed-by=fairshare),
 // so that the operator does not cache every ConfigMap, Service or Deployment
-// of the cluster. Pass it as cache.Options.ByObject.
+// of the cluster, and keeps Secrets' data and annotations out of the cache
+// (stripSecret). Pass it as cache.Options.ByObject.
 func CacheByObject() map[client.Object]cache.ByObject {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{render.LabelManagedBy: render.ManagedBy})}
 	return map[client.Object]cache.ByObject{
@@ -96,5 +76,29 @@ func CacheByObject() map[client.Object]cache.ByObject {
 		&rbacv1.RoleBinding{}:           managed,
 		&rbacv1.Role{}:                  managed,
 		&corev1.PersistentVolumeClaim{}: managed,
+		&corev1.Secret{}:                {Transform: stripSecret},
 	}
+}
+
+// stripSecret is the cache transform of Secrets. The ProviderPoolReconciler
+// watches Secrets by their metadata only, so that a pool follows its
+// provider Secret; its cache holds every Secret of the cluster, and keeps
+// of each only what the watch needs: name, namespace, uid, resourceVersion,
+// labels, owner references. It drops the annotations, which may hold the
+// data itself (kubectl apply's last-applied-configuration of a Secret holds
+// its whole manifest), and managedFields. A full Secret, should a cached
+// read of one ever start a full informer, also loses data and stringData:
+// the operator reads a Secret's data only past the cache, with the API
+// reader (providerSecretProblem), so it never keeps any.
+func stripSecret(in any) (any, error) {
+	if obj, err := meta.Accessor(in); err == nil {
+		obj.SetAnnotations(nil)
+		if obj.GetManagedFields() != nil { // as cache.TransformStripManagedFields
+			obj.SetManagedFields(nil)
+		}
+	}
+	if s, ok := in.(*corev1.Secret); ok {
+		s.Data, s.StringData = nil, nil
+	}
+	return in, nil
 }

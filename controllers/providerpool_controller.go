@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -57,8 +59,10 @@ func NewProviderPoolReconciler(c client.Client, scheme *runtime.Scheme, recorder
 // The API server lets the operator create a Role granting GET on a Secret
 // only if the operator may GET it itself (RBAC escalation check); it also
 // GETs a pool's provider Secret to check its key (providerSecretProblem).
-// GET only, never list or watch.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// list and watch serve the metadata-only watch of Secrets that reconciles a
+// pool when its provider Secret is created or changes (RBAC cannot grant a
+// metadata-only list: docs/operations.md, "Security").
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fairshare-scheduler
 // Likewise for the pool Role (render.PoolRoleName): get and update on the
 // pool's Lease, which the operator itself never calls (its own leader
@@ -112,11 +116,40 @@ func (r *ProviderPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, errors.Join(objs.applyErr, objs.secretErr, err)
 	}
-	if objs.providerSecret.reason != "" && objs.applyErr == nil && objs.secretErr == nil {
-		// Secrets are not watched: look again at the provider Secret.
-		return ctrl.Result{RequeueAfter: r.secretRecheck}, nil
-	}
+	// A Secret that is missing or lacks the key needs no requeue: its
+	// creation or change triggers a reconcile (SetupWithManager).
 	return ctrl.Result{}, errors.Join(objs.applyErr, objs.secretErr)
+}
+
+// CredentialsSecretField indexes ProviderPools by the name of the Secret
+// their spec.upstream.credentialsSecretRef names ("" indexes nothing): the
+// pools a created, changed or deleted Secret of their namespace concerns.
+const CredentialsSecretField = "spec.upstream.credentialsSecretRef.name"
+
+// credentialsSecretName is the CredentialsSecretField value of a ProviderPool.
+func credentialsSecretName(o client.Object) []string {
+	pool, ok := o.(*v1alpha1.ProviderPool)
+	if !ok || pool.Spec.Upstream.CredentialsSecretRef == nil || pool.Spec.Upstream.CredentialsSecretRef.Name == "" {
+		return nil
+	}
+	return []string{pool.Spec.Upstream.CredentialsSecretRef.Name}
+}
+
+// poolsOfSecret maps a Secret (its metadata) to the ProviderPools of its
+// namespace whose credentialsSecretRef names it, through the cache's
+// CredentialsSecretField index.
+func (r *ProviderPoolReconciler) poolsOfSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.ProviderPoolList
+	if err := r.client.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{CredentialsSecretField: o.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the ProviderPools of a Secret", "secret", klog.KObj(o))
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
 }
 
 // tenantPool maps a TenantQuota to the ProviderPool it references.
@@ -128,12 +161,20 @@ func tenantPool(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: tq.Namespace, Name: tq.Spec.PoolRef.Name}}}
 }
 
-// SetupWithManager registers the reconciler: it runs on ProviderPool spec
-// changes (generation; the scheduler's periodic status writes do not trigger
-// it), on TenantQuota spec changes (the pool's Roles) and on any change
-// to an owned object, so drift is re-applied and Ready
-// follows the Deployment.
+// SetupWithManager registers the CredentialsSecretField index and the
+// reconciler: it runs on ProviderPool spec changes (generation; the
+// scheduler's periodic status writes do not trigger it), on TenantQuota
+// spec changes (the pool's Roles), on any change to an owned object, so
+// drift is re-applied and Ready follows the Deployment, and on the
+// creation, deletion or any change (a Secret's data cannot be seen in its
+// metadata, but every change moves its resourceVersion) of the Secret a
+// pool's spec.upstream.credentialsSecretRef names, so that Ready follows
+// the provider Secret without polling. Secrets are watched by their
+// metadata only (see CacheByObject).
 func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.ProviderPool{}, CredentialsSecretField, credentialsSecretName); err != nil {
+		return fmt.Errorf("indexing ProviderPool %s: %w", CredentialsSecretField, err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.ProviderPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&appsv1.Deployment{}).
@@ -148,6 +189,9 @@ func (r *ProviderPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// statuses it may write.
 		Watches(&v1alpha1.TenantQuota{}, handler.EnqueueRequestsFromMapFunc(tenantPool),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The pools' provider key Secrets: metadata only, no data.
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfSecret),
+			builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Named("providerpool").
 		Complete(r)
 }

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/record"
@@ -122,6 +125,36 @@ func TestProviderSecretProblem(t *testing.T) {
 	})
 }
 
+// TestStripSecret: the cache keeps no Secret data: a watched Secret's
+// metadata loses its annotations (kubectl apply's last-applied-configuration
+// holds the data) and managedFields, a full Secret also its data.
+func TestStripSecret(t *testing.T) {
+	meta := func() metav1.ObjectMeta {
+		return metav1.ObjectMeta{
+			Namespace: "ns", Name: "provider-key", ResourceVersion: "7", Labels: map[string]string{"team": "a"},
+			Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"data":{"api-key":"c2stc2VjcmV0"}}`},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+		}
+	}
+	wantMeta := metav1.ObjectMeta{Namespace: "ns", Name: "provider-key", ResourceVersion: "7", Labels: map[string]string{"team": "a"}}
+
+	partial := &metav1.PartialObjectMetadata{ObjectMeta: meta()}
+	if _, err := stripSecret(partial); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(wantMeta, partial.ObjectMeta); diff != "" {
+		t.Errorf("metadata (-want +got):\n%s", diff)
+	}
+
+	full := &corev1.Secret{ObjectMeta: meta(), Data: map[string][]byte{"api-key": []byte("sk-secret")}, StringData: map[string]string{"x": "y"}}
+	if _, err := stripSecret(full); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&corev1.Secret{ObjectMeta: wantMeta}, full); diff != "" {
+		t.Errorf("Secret (-want +got):\n%s", diff)
+	}
+}
+
 // TestRecordTransitionsProviderSecret: a provider Secret problem is one
 // Warning event with its reason and message when Ready starts to report it,
 // False or (a replica still running) True; not again while it stays, again
@@ -185,4 +218,130 @@ func TestRecordTransitionsProviderSecret(t *testing.T) {
 			}
 		})
 	}
+}
+
+// wantReadyExactly returns a check that obj's Ready condition has exactly
+// status, reason and message.
+func wantReadyExactly(obj client.Object, status metav1.ConditionStatus, reason, message string) func() error {
+	return func() error {
+		if err := wantCondition(obj, v1alpha1.ConditionReady, status, reason)(); err != nil {
+			return err
+		}
+		var conds []metav1.Condition
+		switch o := obj.(type) {
+		case *v1alpha1.ProviderPool:
+			conds = o.Status.Conditions
+		case *v1alpha1.TenantQuota:
+			conds = o.Status.Conditions
+		}
+		if msg := apimeta.FindStatusCondition(conds, v1alpha1.ConditionReady).Message; msg != message {
+			return fmt.Errorf("Ready message %q, want %q", msg, message)
+		}
+		return nil
+	}
+}
+
+// TestProviderSecretFollowedByWatch: a pool whose provider Secret is
+// missing, then created without the key, then given the key, has Ready
+// False ProviderSecretNotFound, then False ProviderSecretKeyMissing naming
+// the key, then SchedulerProgressing, each with a Warning event for the
+// problems, and its tenant's PoolNotReady message names each reason. Each
+// step follows the Secret alone: the pool is not changed (same generation)
+// and the operator does not poll, so only the watch of the Secret can
+// trigger them (each change is made once the pool's reconciles have
+// settled). The Deployment is rendered all along, mounting the key.
+func TestProviderSecretFollowedByWatch(t *testing.T) {
+	requireEnv(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	pool := credentialsPool(ns, "creds", "provider-key", "openai")
+	create(t, pool)
+	tq := makeTenant(ns, "acme", "creds", "")
+	create(t, tq)
+	generation := pool.Generation
+
+	notFound := fmt.Sprintf(`Secret %s/provider-key (spec.upstream.credentialsSecretRef) does not exist: the scheduler's pods cannot start until it is created with the provider key under key "openai"`, ns)
+	eventually(t, "Ready=False ProviderSecretNotFound", wantReadyExactly(pool, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretNotFound, notFound))
+	waitEvent(t, ns, "creds", v1alpha1.ReasonProviderSecretNotFound, notFound)
+	eventually(t, "tenant names ProviderSecretNotFound", wantReadyExactly(tq, metav1.ConditionFalse, v1alpha1.ReasonPoolNotReady,
+		`ProviderPool "creds" is not Ready (ProviderSecretNotFound); see kubectl describe providerpool creds`))
+	eventually(t, "the Deployment, mounting the key, although the Secret is missing", func() error {
+		d := &appsv1.Deployment{}
+		if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "creds-scheduler"}, d); err != nil {
+			return err
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if s := v.Secret; s != nil && s.SecretName == "provider-key" && len(s.Items) == 1 && s.Items[0].Key == "openai" {
+				return nil
+			}
+		}
+		return fmt.Errorf("volumes %+v: none mounts key openai of Secret provider-key", d.Spec.Template.Spec.Volumes)
+	})
+
+	waitPoolQuiet(t, ns, "creds")
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provider-key"}, StringData: map[string]string{"api-key": "sk-wrong-key-name"}}
+	create(t, secret)
+	keyMissing := fmt.Sprintf(`Secret %s/provider-key has no key "openai" (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it`, ns)
+	eventually(t, "Ready=False ProviderSecretKeyMissing", wantReadyExactly(pool, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretKeyMissing, keyMissing))
+	waitEvent(t, ns, "creds", v1alpha1.ReasonProviderSecretKeyMissing, keyMissing)
+	eventually(t, "tenant names ProviderSecretKeyMissing", wantReadyExactly(tq, metav1.ConditionFalse, v1alpha1.ReasonPoolNotReady,
+		`ProviderPool "creds" is not Ready (ProviderSecretKeyMissing); see kubectl describe providerpool creds`))
+
+	waitPoolQuiet(t, ns, "creds")
+	updateWithRetry(t, secret, func() { secret.Data["openai"] = []byte("sk-provider") })
+	eventually(t, "Ready=False SchedulerProgressing once the key is there", wantReadyExactly(pool, metav1.ConditionFalse, v1alpha1.ReasonSchedulerProgressing,
+		"Deployment creds-scheduler has not yet observed generation 1")) // envtest runs no Deployment controller
+	eventually(t, "tenant names SchedulerProgressing", wantReadyExactly(tq, metav1.ConditionFalse, v1alpha1.ReasonPoolNotReady,
+		`ProviderPool "creds" is not Ready (SchedulerProgressing); see kubectl describe providerpool creds`))
+	setDeploymentAvailable(t, ns, "creds-scheduler", 1)
+	eventually(t, "Ready=True", wantReadyExactly(pool, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable,
+		"Deployment creds-scheduler has 1 of 1 required replicas available"))
+
+	// The key removed while the replica runs: Ready stays True and says so.
+	waitPoolQuiet(t, ns, "creds")
+	updateWithRetry(t, secret, func() { delete(secret.Data, "openai") })
+	eventually(t, "Ready=True naming the missing key", wantReadyExactly(pool, metav1.ConditionTrue, v1alpha1.ReasonSchedulerAvailable,
+		"Deployment creds-scheduler has 1 of 1 required replicas available; "+keyMissing))
+	// The same message twice: the recorder counts it on one Event.
+	eventually(t, "ProviderSecretKeyMissing recorded twice (the key missing, then removed)", func() error {
+		events, err := poolEvents(ns, "creds", v1alpha1.ReasonProviderSecretKeyMissing)
+		if err != nil {
+			return err
+		}
+		n := int32(0)
+		for _, e := range events {
+			if e.Type != corev1.EventTypeWarning || e.Message != keyMissing {
+				return fmt.Errorf("event %s %q, want Warning %q", e.Type, e.Message, keyMissing)
+			}
+			n += max(e.Count, 1)
+		}
+		if n != 2 {
+			return fmt.Errorf("recorded %d times, want 2", n)
+		}
+		return nil
+	})
+	eventually(t, "tenant still Ready", wantCondition(tq, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonPoolReady))
+
+	get(t, ns, "creds", pool)
+	if pool.Generation != generation {
+		t.Errorf("pool generation %d, want %d: the test must not change the pool", pool.Generation, generation)
+	}
+}
+
+// waitPoolQuiet waits until the operator has not reconciled the pool
+// (every reconcile applies its Deployment) for a second, so that a change
+// made next is seen only by the reconciles it triggers.
+func waitPoolQuiet(t *testing.T, ns, pool string) {
+	t.Helper()
+	last, since := -1, time.Now()
+	eventually(t, "no reconcile of "+pool+" for 1s", func() error {
+		n := counter.Applies("Deployment", ns, pool+"-scheduler")
+		if n != last {
+			last, since = n, time.Now()
+		}
+		if n == 0 || time.Since(since) < time.Second {
+			return fmt.Errorf("%d Deployment applies, the last %v ago", n, time.Since(since))
+		}
+		return nil
+	})
 }

@@ -82,8 +82,8 @@ func TestProviderPoolSecretRoleFollowsTenants(t *testing.T) {
 // spec.upstream.credentialsSecretRef names a Secret that does not exist is
 // Ready False ProviderSecretNotFound, the message naming the Secret (its
 // pods could not start: their provider key comes from it); once the Secret
-// is created (Secrets are not watched: the operator looks again every
-// recheck interval) it is SchedulerProgressing, then SchedulerAvailable.
+// is created (a watch of Secrets' metadata triggers the pool) it is
+// SchedulerProgressing, then SchedulerAvailable.
 func TestProviderSecretMissingNamedInReady(t *testing.T) {
 	requireEnv(t)
 	ns := newNamespace(t)

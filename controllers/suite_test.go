@@ -123,7 +123,7 @@ func startManager(ctx context.Context, cfg *rest.Config) (<-chan struct{}, error
 	counter = newCountingClient(mgr.GetClient())
 	recorder := mgr.GetEventRecorderFor(EventSource)
 	poolReconciler = NewProviderPoolReconciler(counter, scheme, recorder, WithClock(testClock), WithRenderOptions(testRenderOptions),
-		WithAPIReader(mgr.GetAPIReader()), WithProviderSecretRecheck(time.Second))
+		WithAPIReader(mgr.GetAPIReader()))
 	tenantReconciler = NewTenantQuotaReconciler(counter, scheme, recorder, WithClock(testClock))
 	if err := poolReconciler.SetupWithManager(mgr); err != nil {
 		return nil, err
