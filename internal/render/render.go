@@ -28,8 +28,9 @@
 // tenant identification, upstream URL) is deliberately not part of the
 // settings and does not roll it. Nor does the provider key: the pool's
 // credentials Secret is mounted as a file, which the kubelet updates when
-// the Secret changes and the scheduler reads again (the operator never
-// reads Secret data, so it could not hash the key anyway).
+// the Secret changes and the scheduler reads again (hashing the key into the
+// pod template would roll the scheduler on every rotation; the operator
+// only checks that the key has a value, and keeps none).
 package render
 
 import (
