@@ -23,7 +23,8 @@ type Bucket struct {
 	capacity float64
 	rate     float64 // tokens per second
 	tokens   float64
-	last     int64 // Unix nanoseconds of the last update
+	comp     float64 // rounding error of the refills so far (Kahan; see Tenant.comp)
+	last     int64   // Unix nanoseconds of the last update
 }
 
 // NewBucket returns a full bucket of capacity tokens refilled at
@@ -53,7 +54,14 @@ func (b *Bucket) advanceNs(now int64) {
 	if b.tokens >= b.capacity {
 		return
 	}
-	b.tokens = min(b.capacity, b.tokens+float64(d)*b.rate/float64(time.Second))
+	y := float64(float64(d)*b.rate/float64(time.Second)) - b.comp
+	sum := float64(b.tokens + y)
+	if sum >= b.capacity {
+		b.tokens, b.comp = b.capacity, 0
+		return
+	}
+	b.comp = float64(sum-b.tokens) - y
+	b.tokens = sum
 }
 
 // Tokens returns the tokens in the bucket at now (negative while in debt).
@@ -74,7 +82,7 @@ func (b *Bucket) RefillPerSecond() float64 { return b.rate }
 func (b *Bucket) SetLimits(now time.Time, capacity, refillPerSecond float64) {
 	b.advance(now)
 	b.capacity, b.rate = max(0, capacity), max(0, refillPerSecond)
-	b.tokens = max(-b.capacity, min(b.capacity, b.tokens))
+	b.tokens, b.comp = max(-b.capacity, min(b.capacity, b.tokens)), 0
 }
 
 // has reports whether the bucket holds n tokens (within the rounding tolerance).
@@ -137,5 +145,18 @@ func (b *Bucket) Debit(now time.Time, n float64) {
 	b.debit(n)
 }
 
-func (b *Bucket) credit(n float64) { b.tokens = min(b.capacity, b.tokens+n) }
-func (b *Bucket) debit(n float64)  { b.tokens = max(-b.capacity, b.tokens-n) }
+func (b *Bucket) credit(n float64) {
+	if v := b.tokens + n; v < b.capacity {
+		b.tokens = v
+	} else {
+		b.tokens, b.comp = b.capacity, 0
+	}
+}
+
+func (b *Bucket) debit(n float64) {
+	if v := b.tokens - n; v > -b.capacity {
+		b.tokens = v
+	} else {
+		b.tokens, b.comp = -b.capacity, 0
+	}
+}

@@ -7,7 +7,8 @@
 //     published per minute and enforced smoothly by token buckets refilled
 //     continuously from the elapsed time (rate/60 tokens per second), so a
 //     60,000/min plan cannot spend 60,000 in its first second unless its burst
-//     allows it (seed 002 section 5, BC-16).
+//     allows it (seed 002 section 5, BC-16). Refills are summed with Kahan
+//     compensation, so no rounding accumulates over millions of operations.
 //   - Concurrency and memory: requests in flight and KV-cache blocks held.
 //   - Request rate, a secondary limit.
 //

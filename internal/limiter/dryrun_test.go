@@ -411,7 +411,8 @@ func TestDryRunWithSoft(t *testing.T) {
 }
 
 // TestTenantLayout: the admission path touches three whole cache lines and
-// writes only the first (see Tenant): 192 bytes, a size class whose objects
+// writes the first, and the third's refill compensation while a bucket is
+// below its capacity (see Tenant): 192 bytes, a size class whose objects
 // are 64-byte aligned; the bucket contents end line 0, the limits fill line 1
 // and the rates start line 2. A
 // Reservation is 88 bytes, so that a slab of 64 plus the 8-byte malloc header

@@ -134,9 +134,11 @@ const nsPerMinute = float64(time.Minute)
 // three 64-byte cache lines (the struct is 192 bytes, a Go size class whose
 // objects are 64-byte aligned): line 0 holds everything an admission or a
 // settlement writes (the lock, the clock, the counters, the bucket
-// contents), lines 1 and 2 what only Update writes. Admissions on different
-// cores therefore move one cache line between them, and the read-only lines
-// stay shared. The four buckets share one clock, and the refill of bucket i
+// contents), line 1 what only Update writes, line 2 the published rates
+// (Update) and the refill compensation, written by a refill while a bucket
+// is below its capacity (the bucket's padding held no data before). An
+// admission on a full bucket therefore moves one cache line between cores,
+// and one below its capacity two. The four buckets share one clock, and the refill of bucket i
 // over d nanoseconds is d*perMinute[i]/6e10 tokens, one float64 rounding
 // (exact when the product is below 2^53 and the refill a whole number).
 type Tenant struct {
@@ -160,9 +162,19 @@ type Tenant struct {
 	maxConc  int64 // -1 unlimited
 	maxKV    int64 // -1 unlimited
 	capacity [numDims]float64
-	// Cache line 2: the published rates, written by Update only.
+	// Cache line 2: the published rates, written by Update only, and the
+	// refill compensation.
 	perMinute [numDims]int64 // -1 unlimited, 0 suspended
-	_         [32]byte
+	// comp is the rounding error of each bucket's refills so far (Kahan
+	// summation): each refill is a fraction of a token added to a level up
+	// to the capacity, and adding them one by one lost up to half a unit in
+	// the last place of the level each time, which accumulated while the
+	// bucket stayed below its capacity (-2.2e-6 token after a million
+	// refills at a level of 666,666: the exact boundary was refused). With
+	// the compensation the level is exact to its last place whatever the
+	// number of refills. Reset whenever the level is set rather than added
+	// to (full, clamped, a new limit).
+	comp [numDims]float64
 }
 
 // NewTenant returns a tenant limiter with limits l at now; every bucket starts
@@ -217,7 +229,7 @@ func (t *Tenant) setDim(i int, rate, burst *int64) {
 			t.on &^= bit
 			t.gens[i]++
 		}
-		t.tokens[i], t.capacity[i] = 0, 0
+		t.tokens[i], t.capacity[i], t.comp[i] = 0, 0, 0
 		t.perMinute[i] = -1
 		if rate != nil {
 			t.perMinute[i] = 0
@@ -231,6 +243,7 @@ func (t *Tenant) setDim(i int, rate, burst *int64) {
 		capacity = *burst
 	}
 	c := float64(capacity)
+	t.comp[i] = 0
 	if t.on&bit != 0 {
 		t.tokens[i] = max(-c, min(c, t.tokens[i]))
 	} else {
@@ -241,8 +254,9 @@ func (t *Tenant) setDim(i int, rate, burst *int64) {
 	t.capacity[i], t.perMinute[i] = c, r
 }
 
-// advance refills every bucket for the time elapsed since the last update. A
-// clock that goes backwards adds nothing and keeps the later timestamp.
+// advance refills every bucket for the time elapsed since the last update,
+// with compensated (Kahan) summation of the refills (see comp). A clock that
+// goes backwards adds nothing and keeps the later timestamp.
 func (t *Tenant) advance(ns int64) {
 	d := ns - t.last
 	if d <= 0 {
@@ -251,7 +265,16 @@ func (t *Tenant) advance(ns int64) {
 	t.last = ns
 	for i := range numDims {
 		if t.on&(1<<i) != 0 && t.tokens[i] < t.capacity[i] {
-			t.tokens[i] = min(t.capacity[i], t.tokens[i]+float64(d)*float64(t.perMinute[i])/nsPerMinute)
+			// The explicit conversions round each step, so that no fused
+			// multiply-add undoes the compensation.
+			y := float64(float64(d)*float64(t.perMinute[i])/nsPerMinute) - t.comp[i]
+			sum := float64(t.tokens[i] + y)
+			if sum >= t.capacity[i] {
+				t.tokens[i], t.comp[i] = t.capacity[i], 0
+				continue
+			}
+			t.comp[i] = float64(sum-t.tokens[i]) - y
+			t.tokens[i] = sum
 		}
 	}
 }
@@ -548,6 +571,7 @@ func (t *Tenant) charge(c *Cost, need *[numDims]float64) (on uint8, gens [numDim
 				}
 				x.untaken[i] = -t.capacity[i] - after
 				after = -t.capacity[i]
+				t.comp[i] = 0
 			}
 			t.tokens[i] = after
 		}
@@ -809,7 +833,11 @@ func (r *Reservation) settle(ns int64, delta *[numDims]int64) bool {
 		if d == 0 {
 			continue
 		}
-		t.tokens[i] = max(-t.capacity[i], min(t.capacity[i], t.tokens[i]+d))
+		v := t.tokens[i] + d
+		if v >= t.capacity[i] || v <= -t.capacity[i] {
+			v, t.comp[i] = max(-t.capacity[i], min(t.capacity[i], v)), 0
+		}
+		t.tokens[i] = v
 	}
 	t.inFlight = max(0, t.inFlight-1)
 	t.kv = max(0, t.kv-r.cost.KVBlocks)
