@@ -126,7 +126,8 @@ type envConfig struct {
 	concurrency int
 	maxResp     int64 // Options.MaxResponseBytes; 0: the default
 	wrapStore   func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store
-	key         *providerkey.Key // Options.LiveProviderKey; nil: "sk-provider-secret"
+	key         *providerkey.Key  // Options.LiveProviderKey; nil: "sk-provider-secret"
+	transport   http.RoundTripper // Options.Transport; nil: the default
 }
 
 type envOption func(*envConfig)
@@ -147,6 +148,11 @@ func withStore(f func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store) envOp
 // withProviderKey gives the gateway the live provider key k.
 func withProviderKey(k *providerkey.Key) envOption {
 	return func(c *envConfig) { c.key = k }
+}
+
+// withTransport makes the gateway call the provider through rt.
+func withTransport(rt http.RoundTripper) envOption {
+	return func(c *envConfig) { c.transport = rt }
 }
 
 func withMaxResponseBytes(n int64) envOption {
@@ -177,7 +183,7 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 	if cfg.wrapStore != nil {
 		gwStore = cfg.wrapStore(store, fc)
 	}
-	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", LiveProviderKey: cfg.key, Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp,
+	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", LiveProviderKey: cfg.key, Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp, Transport: cfg.transport,
 		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) }), Rand: func() float64 { return 0 }})
 	srv := httptest.NewServer(gw)
 	ctx, cancel := context.WithCancel(context.Background())
