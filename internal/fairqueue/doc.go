@@ -73,8 +73,10 @@
 // index by job ID: the
 // caller keeps the *Job (the gateway does, by ID) and passes it to Cancel.
 // Enqueue finds the tenant by name (one map lookup); EnqueueTo with a
-// TenantRef skips it. The queue's own state is 16 bytes inside Job plus
-// about 40 bytes a job outside it (ring slot, ticket, share of the tenant
+// TenantRef skips it. SetCost reprices a queued job in O(1) (the scheduler
+// reprices every queued job when the pool's cost model changes). The
+// queue's own state is 16 bytes inside Job plus about 40 bytes a job
+// outside it (ring slot, ticket, share of the tenant
 // state) at ten jobs per tenant; see docs/benchmarks.md, "Fair queue".
 //
 // A Queue is not safe for concurrent use: the caller serialises every call

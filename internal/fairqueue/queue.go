@@ -959,6 +959,26 @@ func (q *Queue) Cancel(j *Job) bool {
 // Queued reports whether j is in the queue.
 func (q *Queue) Queued(j *Job) bool { return j != nil && j.queued }
 
+// SetCost changes the Cost of a queued job to cost weighted tokens (at least
+// 1) and reports whether j was queued. The caller reprices queued jobs when
+// the unit of cost changes (the pool's cost model: the scheduler charges a
+// job's deficit, like its limiter, in the weighted tokens of the cost model
+// in force at dispatch, not of the one at submission), so that two identical
+// jobs cost the same whichever was queued first. The job keeps its place;
+// the tenant's deficit is untouched and its queued tokens follow; the bounds
+// are not checked again (the job was admitted). A job not queued (returned
+// by Dequeue and not put back) keeps its Cost: Requeue gives back to the
+// deficit what Dequeue charged. O(1).
+func (q *Queue) SetCost(j *Job, cost int64) bool {
+	if j == nil || !j.queued {
+		return false
+	}
+	cost = max(cost, 1)
+	q.tenants[j.Tenant].tokens += cost - j.Cost
+	j.Cost = cost
+	return true
+}
+
 // bucketKey returns the deadline bucket of d and false when d is beyond the
 // range of Unix nanoseconds (such a job is never swept, only checked at
 // dequeue).

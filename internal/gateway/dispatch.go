@@ -106,6 +106,14 @@ type dispatcher struct {
 	// the job is enqueued and dropped when it reaches a terminal status.
 	byID map[string]*fairqueue.Job
 
+	// pricedWith is the cost model (normalized) in whose weighted tokens
+	// the jobs in the fair queue are priced, zero before the first pass;
+	// guarded by the queue lock. A pass that finds the pool's cost model
+	// changed reprices every queued job (repriceLocked), so that the queue
+	// shares by the cost model in force, as the limiter charges at
+	// dispatch, not by each job's cost at submission.
+	pricedWith limiter.CostModel
+
 	// dequeuedHook, when set (tests), runs in the loop right after a job is
 	// taken out of the queue, before it is started; no lock is held.
 	dequeuedHook atomic.Pointer[func(*fairqueue.Job)]
@@ -146,6 +154,43 @@ func (d *dispatcher) cancelLocked(q *fairqueue.Queue, id string) bool {
 	}
 	delete(d.byID, id)
 	return true
+}
+
+// queueCostLocked is the fair-queue Cost of a job about to be queued: its
+// weighted tokens under the cost model the queued jobs are priced in (the
+// pool's, before the first pass). The queue lock must be held.
+func (d *dispatcher) queueCostLocked(qd *queued, pool *registry.PoolPolicy) int64 {
+	if d.pricedWith != (limiter.CostModel{}) {
+		return qd.queueCost(d.pricedWith)
+	}
+	return qd.queueCost(pool.CostModel)
+}
+
+// repriceLocked prices every queued job in the pool's cost model when it is
+// not the one they are priced in: two identical jobs then cost the same in
+// the fair queue whichever came first. O(jobs), once per change of the cost
+// model; jobs out of the queue keep the cost they were charged until they
+// are put back (requeueLocked). The queue lock must be held.
+func (d *dispatcher) repriceLocked(q *fairqueue.Queue, pool *registry.PoolPolicy) {
+	m := pool.CostModel.Normalized()
+	if m == d.pricedWith {
+		return
+	}
+	for _, fj := range d.byID {
+		q.SetCost(fj, fj.Value.(*queued).queueCost(m))
+	}
+	d.pricedWith = m
+}
+
+// requeueLocked puts a job taken out of the queue back at its tenant's head
+// (fairqueue.Queue.Requeue gives back the deficit it was charged) and
+// prices it in the queue's cost model, which may have changed while it was
+// out. The queue lock must be held.
+func (d *dispatcher) requeueLocked(q *fairqueue.Queue, fj *fairqueue.Job) {
+	q.Requeue(fj)
+	if d.pricedWith != (limiter.CostModel{}) {
+		q.SetCost(fj, fj.Value.(*queued).queueCost(d.pricedWith))
+	}
 }
 
 // forget drops a finished job from byID.
@@ -261,16 +306,22 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	if len(due) > 0 {
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			for _, j := range due {
-				q.Requeue(j)
+				d.requeueLocked(q, j)
 				d.unretryLocked(j.Tenant)
 			}
 		})
 	}
 
 	var expired []*fairqueue.Job
-	g.reg.WithQueue(func(q *fairqueue.Queue) { expired = q.Sweep(now) })
+	pool := g.reg.Pool()
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		expired = q.Sweep(now)
+		if pool != nil {
+			d.repriceLocked(q, pool)
+		}
+	})
 	d.expire(now, expired)
-	if g.reg.Pool() == nil {
+	if pool == nil {
 		// No pool policy (not loaded yet, or the ProviderPool was deleted):
 		// jobs wait, and still expire at their deadline.
 		return earliest(wakeAt, now.Add(sweepInterval))
@@ -299,6 +350,9 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 		var out []doomed
 		eligible := func(tenant string, head *fairqueue.Job) fairqueue.Eligibility {
 			qd := head.Value.(*queued)
+			// The job's charge under the cost model in force, as admit
+			// will charge it (not its charge at submission).
+			cost := qd.costUnder(pool.CostModel)
 			if _, ok := blocked[qd.model]; ok {
 				// The model's throttle refuses batch starts until then. A
 				// job whose deadline comes first stays queued and expires
@@ -324,19 +378,19 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."}})
 				return fairqueue.TenantIneligible
 			}
-			if ok, resetIn, st := t.CheckBudget(now, qd.cost.Weighted); !ok && !t.Policy().DryRun {
-				if b := t.Policy().Budget; b != nil && qd.cost.Weighted > b.WeightedTokens {
+			if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok && !t.Policy().DryRun {
+				if b := t.Policy().Budget; b != nil && cost.Weighted > b.WeightedTokens {
 					// Larger than the whole budget (lowered since the job
 					// was queued): no period will ever admit it (BC-10), as
 					// submission would now answer.
-					e := budgetError(resetIn, st, b, qd.cost.Weighted)
+					e := budgetError(resetIn, st, b, cost.Weighted)
 					out = append(out, doomed{head, jobs.StatusFailed, jobs.Error{Code: e.code, Message: e.message}})
 					return fairqueue.Ineligible
 				}
 				wakeAt = earliest(wakeAt, now.Add(resetIn))
 				return fairqueue.Ineligible
 			}
-			if ok, over := t.Limiter.Eligible(now, qd.cost); ok {
+			if ok, over := t.Limiter.Eligible(now, cost); ok {
 				if over {
 					// Over a soft limit: it may start, with a quarter of its
 					// share (TenantQuota enforcement Soft; seed 002 section 5).
@@ -344,7 +398,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 				}
 				return fairqueue.Eligible
 			}
-			rej := t.Limiter.Check(now, qd.cost)
+			rej := t.Limiter.Check(now, cost)
 			if rej == nil {
 				return fairqueue.Eligible // a refill between the two calls
 			}
@@ -445,7 +499,7 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 				gone = true
 				return
 			}
-			q.Requeue(fj)
+			d.requeueLocked(q, fj)
 		})
 		if gone {
 			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
@@ -673,7 +727,7 @@ func (d *dispatcher) requeueWith(fj *fairqueue.Job, set func(j *jobs.Job)) {
 		// until a restart.
 		g.log.Error(err, "recording a job queued again failed; it is queued all the same", "job", fj.ID)
 	}
-	g.reg.WithQueue(func(q *fairqueue.Queue) { q.Requeue(fj) })
+	g.reg.WithQueue(func(q *fairqueue.Queue) { d.requeueLocked(q, fj) })
 	d.wake()
 }
 

@@ -149,11 +149,27 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 // without a store lookup.
 type queued struct {
 	model string
-	cost  limiter.Cost
+	// cost is the job's charge under the cost model in force at submission.
+	// Its provider tokens (prompt, max output) do not change; its weighted
+	// tokens and KV blocks are computed again under the pool's cost model
+	// at dispatch (costUnder), for the eligibility test and the admission.
+	cost limiter.Cost
 	// wouldRefuse: the code Enforce would have refused the job with at
 	// submission (a DryRun tenant's job over its output cap); admission at
 	// dispatch then charges the limiter nothing and counts it once.
 	wouldRefuse string
+}
+
+// costUnder is the job's charge under the cost model m (the pool's in
+// force): weighted tokens and KV blocks of its prompt and max output tokens.
+func (qd *queued) costUnder(m limiter.CostModel) limiter.Cost {
+	return m.Cost(qd.cost.PromptTokens, qd.cost.MaxOutputTokens)
+}
+
+// queueCost is the job's Cost in the fair queue under the cost model m, in
+// weighted tokens (at least 1).
+func (qd *queued) queueCost(m limiter.CostModel) int64 {
+	return max(qd.costUnder(m).Weighted, 1)
 }
 
 // submitJob serves POST /v1/jobs: 202 with the job and its Location, or a
@@ -271,8 +287,10 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			return
 		}
 		idle := g.dispatch.queuedLocked(q, t.ID) == 0
-		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: max(cost.Weighted, 1), Deadline: job.Deadline,
-			Value: &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}}
+		qd := &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}
+		// Priced like the jobs already queued (the dispatcher reprices them
+		// all when the pool's cost model changes).
+		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: g.dispatch.queueCostLocked(qd, pool), Deadline: job.Deadline, Value: qd}
 		if err = t.Enqueue(q, now, fj); err == nil {
 			g.dispatch.trackLocked(fj)
 			if idle {

@@ -111,10 +111,11 @@ func (g *Gateway) recover(ctx context.Context) error {
 		}
 		pol := t.Policy()
 		cost := pool.CostModel.Cost(j.PromptTokens, j.MaxOutputTokens)
-		fj := &fairqueue.Job{ID: j.ID, Tenant: j.Tenant, Cost: max(cost.Weighted, 1), Deadline: j.Deadline,
-			Value: &queued{model: j.Model, cost: cost, wouldRefuse: wouldRefuseOf(j, pol.MaxOutputTokensPerRequest, pol.DryRun, pool)}}
+		qd := &queued{model: j.Model, cost: cost, wouldRefuse: wouldRefuseOf(j, pol.MaxOutputTokensPerRequest, pol.DryRun, pool)}
+		fj := &fairqueue.Job{ID: j.ID, Tenant: j.Tenant, Deadline: j.Deadline, Value: qd}
 		var err error
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			fj.Cost = d.queueCostLocked(qd, pool)
 			q.SetTenant(j.Tenant, pol.Weight, -1)
 			if err = q.Enqueue(now, fj); err == nil {
 				d.trackLocked(fj)
