@@ -932,6 +932,52 @@ func (g *Gateway) tenantRemoved(t *registry.Tenant) {
 	d.wake()
 }
 
+// modelRemoved fails the queued jobs (in the fair queue or waiting for a
+// retry backoff) of a model taken out of the pool's spec.models, at once
+// and unsent, as tenantRemoved does for a removed tenant. Left queued, each
+// was dispatched in its tenant's turn, charged its deficit and failed at
+// start (model_not_found), so a tenant's jobs for the models still served
+// waited a visit of the round per doomed job ahead of them (as expired
+// jobs must not, BC-35). Jobs being sent finish as their call ends; a job
+// taken out of the queue meanwhile fails at start.
+func (g *Gateway) modelRemoved(model string) {
+	d := g.dispatch
+	var gone []*fairqueue.Job
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		for id, fj := range d.byID {
+			if fj.Value.(*queued).model == model && q.Cancel(fj) {
+				delete(d.byID, id)
+				gone = append(gone, fj)
+			}
+		}
+	})
+	var retried []*fairqueue.Job
+	d.mu.Lock()
+	for id, rt := range d.retries {
+		if rt.job.Value.(*queued).model == model {
+			delete(d.retries, id)
+			retried = append(retried, rt.job)
+		}
+	}
+	d.mu.Unlock()
+	if len(retried) > 0 {
+		g.reg.WithQueue(func(*fairqueue.Queue) {
+			for _, fj := range retried {
+				d.unretryLocked(fj.Tenant)
+			}
+		})
+	}
+	now := g.clock.Now()
+	for _, fj := range append(gone, retried...) {
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeModelRemoved,
+			Message: fmt.Sprintf("The model %q is no longer served by the pool; the job was not sent.", model)})
+	}
+	if len(gone)+len(retried) > 0 {
+		g.log.Info("Model removed from the pool: its queued jobs failed", "model", model, "failedJobs", len(gone)+len(retried))
+		d.wake()
+	}
+}
+
 // batchSlots is how many of the pool's upstream concurrency slots batch jobs
 // may fill: all but the pool's reserve share of them, ceil(slots x
 // ReservePercent / 100) and at most all but one, so that an interactive call

@@ -290,6 +290,7 @@ func New(o Options) *Gateway {
 	g.reg.OnChange(g.dispatch.wake)
 	g.reg.OnTenantRemoved(g.tenantRemoved)
 	g.reg.OnModelRemoved(g.metrics.ForgetModel)
+	g.reg.OnModelRemoved(g.modelRemoved)
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("POST "+endpointChat, g.interactive(endpointChat))
 	g.mux.HandleFunc("POST "+endpointCompletions, g.interactive(endpointCompletions))
