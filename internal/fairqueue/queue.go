@@ -890,8 +890,12 @@ func (q *Queue) fastForward() bool {
 //
 // A job Lookahead dispatched past its tenant's head goes back behind that
 // head, which stays head with its wait as head kept; when it undoes the
-// latest Dequeue, the head's bypass count is given back too (nothing was
-// sent), so that the head is passed over at most MaxBypass times in all.
+// latest Dequeue, the head's bypass count is given back too, so that the
+// head is passed over at most MaxBypass times in all. That undo is nearly
+// always a start refused before anything was sent; it can also be a call
+// the provider refused (429, 5xx) with no dispatch since, which the
+// scheduler refunds and whose slots it releases before the Requeue: the
+// pass took the head nothing it waits for (docs/architecture.md).
 // When the tenant's head is no longer a job that came before it (the head
 // it passed was dispatched, cancelled or expired meanwhile), it goes back
 // at the head like any other job, never behind a job that came after it.

@@ -485,7 +485,11 @@ func refillTime(missing, perMinute int64) time.Duration {
 	if missing <= 0 || perMinute <= 0 {
 		return 0
 	}
-	return time.Duration(float64(missing) / float64(perMinute) * float64(time.Minute))
+	d := float64(missing) / float64(perMinute) * float64(time.Minute)
+	if d >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(d)
 }
 
 // upstreamAuthError is the answer to a call the provider refused with 401 or

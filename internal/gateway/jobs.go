@@ -273,10 +273,15 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 	if err != nil {
 		return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: "store_error", message: "The job could not be stored."}
 	}
+	// ahead is how many of the tenant's jobs must leave its queue before a
+	// submission fits: 1 at the bound, more when jobs were put back over it
+	// (a provider 429) or the bound was lowered under the queue.
+	ahead := 1
 	g.reg.WithQueue(func(q *fairqueue.Queue) {
 		// Jobs the dispatcher has taken out and not yet sent still count
 		// (they may be put back, and Requeue ignores bounds).
 		if n := g.dispatch.queuedLocked(q, t.ID); n >= pol.MaxQueued {
+			ahead = n - pol.MaxQueued + 1
 			err = fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
 			return
 		}
@@ -304,14 +309,15 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		_ = g.store.Delete(job.ID)
 		switch {
 		case errors.Is(err, fairqueue.ErrTenantFull):
-			// A slot frees when the tenant's queue drains one job: its
-			// measured drain interval, else the time its token rate takes
-			// to pay for this job, at least 1 s.
+			// A slot frees when the tenant's queue has drained ahead jobs:
+			// ahead times its measured drain interval, else the time its
+			// token rate takes to pay for ahead jobs like this one, at
+			// least 1 s.
 			wait := time.Second
 			if d, ok := t.DrainInterval(now); ok {
-				wait = max(wait, d)
+				wait = max(wait, scaleDuration(d, ahead))
 			} else if l := pol.Limits.WeightedPerMinute; l != nil && *l > 0 {
-				wait = max(wait, refillTime(cost.Weighted, *l))
+				wait = max(wait, refillTime(satMul(cost.Weighted, int64(ahead)), *l))
 			}
 			return jobs.Job{}, &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: codeQueueFull,
 				retryAfter: wait, retryable: true,
@@ -328,6 +334,19 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 	g.metrics.Tenant(t).Requests(metrics.OutcomeQueued).Inc()
 	g.dispatch.wake()
 	return job, nil
+}
+
+// scaleDuration returns d*n, saturating at the largest Duration.
+func scaleDuration(d time.Duration, n int) time.Duration {
+	return time.Duration(satMul(int64(d), int64(n)))
+}
+
+// satMul returns a*b for a, b >= 0, saturating at math.MaxInt64.
+func satMul(a, b int64) int64 {
+	if a > 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // ownJob returns the tenant's job, or a 404 for a job that does not exist
