@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,9 @@ const (
 	jobCodeModelRemoved  = "model_not_found"
 	jobCodeUpstream      = "upstream_error"
 	jobCodeCancelled     = "cancelled"
+	// jobCodeInternal: the scheduler failed while running the job (a
+	// recovered panic); the job is not retried, since it would fail again.
+	jobCodeInternal = "internal_error"
 )
 
 // errJobNotQueued refuses to start a job whose record is no longer queued.
@@ -572,9 +576,29 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer d.recoverExecute(fj)
 		d.execute(ctx, fj, c, job, pool)
 	}()
 	return 0, true
+}
+
+// recoverExecute, deferred around execute, turns a panic while a job runs
+// into that job failing with internal_error, logged with its stack, instead
+// of a crash of the scheduler that stopped every tenant's calls and lost
+// the jobs of a Memory store. The call is settled by execute's own deferred
+// refund (a panic before the provider answered costs the tenant nothing;
+// one after it keeps whatever execute had settled). The job is not retried:
+// the same input would panic again, in a loop. A job execute had already
+// finished keeps its outcome (finishWith changes no finished job).
+func (d *dispatcher) recoverExecute(fj *fairqueue.Job) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	g := d.g
+	g.log.Error(fmt.Errorf("panic: %v", v), "A batch job's execution failed; the job fails without a retry", "job", fj.ID, "tenant", fj.Tenant, "stack", string(debug.Stack()))
+	d.finish(g.clock.Now(), fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeInternal,
+		Message: "The scheduler failed while running the job; it was not retried."})
 }
 
 // execute makes the upstream call of a running job and records its outcome.

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
@@ -83,5 +84,39 @@ func TestPanicInCallReleasesEverything(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPanicInBatchJobFailsTheJob: a panic while a batch job's call is in
+// flight (in the transport) fails that job with internal_error, refunds its
+// charge and gives its slots back, and the scheduler goes on: the next job
+// runs (and fails the same way) instead of the process crashing, which the
+// dispatcher's goroutine, unlike the HTTP server's handlers, had no
+// recovery for.
+func TestPanicInBatchJobFailsTheJob(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(1000),
+		MaxConcurrent: i64(1), MaxKVBlocks: i64(1000)})}, withTransport(faultyTransport{}))
+	for range 2 {
+		j := e.submit("key-a", jobBody(10, 100, ""))
+		waitFor(t, "the job's end", func() bool { return e.storeStatus(j.ID) == jobs.StatusFailed })
+		got, err := e.store.Get(j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Error == nil || got.Error.Code != "internal_error" || got.Error.Message != "The scheduler failed while running the job; it was not retried." {
+			t.Fatalf("job error %+v, want internal_error", got.Error)
+		}
+		ta := e.reg.Tenant("a")
+		waitFor(t, "the call's release", func() bool {
+			s := ta.Limiter.Snapshot(e.clock.Now())
+			return s.InFlight == 0 && s.KVBlocks == 0 && len(e.gw.sem) == 0
+		})
+		if s := ta.Limiter.Snapshot(e.clock.Now()); s.TokensRemaining != 1000 {
+			t.Errorf("tokens %d after a panic before the answer, want 1000 (refunded)", s.TokensRemaining)
+		}
+	}
+	if up.calls.Load() != 0 {
+		t.Errorf("%d upstream calls, want 0 (the transport panicked first)", up.calls.Load())
 	}
 }
