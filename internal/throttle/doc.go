@@ -20,10 +20,13 @@
 //     restricts parsing to the ProviderPool's dialect hint, so that headers a
 //     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
 //     ParseRetryAfter reads retry-after-ms, x-ms-retry-after-ms and
-//     Retry-After (delay-seconds or any RFC 9110 HTTP-date form). Absolute
-//     times (RFC 3339 and epoch resets, a Retry-After HTTP-date) are read
-//     against the response's Date when it is more than SkewTolerance from
-//     the local clock: they are instants of the provider's clock. Malformed,
+//     Retry-After (delay-seconds or any RFC 9110 HTTP-date form); a value
+//     merged into a list or sent as several field lines (RFC 9110 section
+//     5.3) is read as its largest valid member, and remaining and reset
+//     values as their least and latest. Absolute times (RFC 3339 and
+//     epoch resets, a Retry-After HTTP-date) are read against the
+//     response's Date when it is more than SkewTolerance from the local
+//     clock: they are instants of the provider's clock. Malformed,
 //     negative, NaN or out-of-range values are ignored and counted, never
 //     turned into "no wait" or "wait forever".
 //
@@ -63,7 +66,8 @@
 // Sources: the rules follow the seed article "One rate limit, many tenants"
 // (sections "Reading the quota instead of guessing it", "The adaptive
 // throttle", "Two paths, one quota"), the provider header reference, RFC 9110
-// section 10.2.3 (Retry-After), RFC 9651 (Structured Fields), and the
+// sections 10.2.3 (Retry-After) and 5.3 (field lines combined into a list),
+// RFC 9651 (Structured Fields), and the
 // regression cases BC-02, BC-03, BC-05, BC-07, BC-11, BC-12, BC-13 and BC-39;
 // for Anthropic's input and output buckets the provider header reference,
 // Anthropic section ("OTPM rate limits are estimated based on max_tokens at

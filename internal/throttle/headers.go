@@ -203,6 +203,7 @@ func slotOf(k string) int {
 type fields struct {
 	v       [nSlots]*string
 	present uint32 // bit per slot: the key is in the map with at least one value
+	multi   uint32 // bit per slot: the key has more than one field line
 	lines   [2][]string
 }
 
@@ -210,6 +211,10 @@ type fields struct {
 func (f *fields) any(base, n int) bool { return f.present&((1<<n-1)<<base) != 0 }
 
 func (f *fields) has(slot int) bool { return f.present&(1<<slot) != 0 }
+
+// isMulti reports whether slot has more than one field line: a list (RFC
+// 9110 section 5.3), read by the list readers.
+func (f *fields) isMulti(slot int) bool { return f.multi&(1<<slot) != 0 }
 
 // get returns the value of slot and whether it is present.
 func (f *fields) get(slot int) (string, bool) {
@@ -225,6 +230,9 @@ func (f *fields) set(slot int, vs []string) {
 	}
 	f.v[slot] = &vs[0]
 	f.present |= 1 << slot
+	if len(vs) > 1 {
+		f.multi |= 1 << slot
+	}
 	if slot >= sIETFRateLimit {
 		f.lines[slot-sIETFRateLimit] = vs
 	}
@@ -586,6 +594,13 @@ func clampRetryUnits(n int64, unit time.Duration) time.Duration {
 // gives 0, ok (eligible immediately, BC-05b). Values above MaxRetryAfter are
 // clamped to it. A malformed or absent value gives ok=false, so the caller
 // applies its default backoff (never 0).
+//
+// Each of the three is a single value (RFC 9110 section 10.2.3), but an
+// intermediary that merges duplicate field lines turns two into a list
+// ("5, 10"; RFC 9110 section 5.3), and a field may arrive as several lines:
+// such a list is read conservatively, as the largest valid member (the
+// latest instant), its malformed members ignored (and counted by
+// ParseHeaders) and its empty ones skipped (RFC 9110 section 5.6.1).
 func ParseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 	var f fields
 	for s := 0; s < sOpenAI; s++ {
@@ -601,42 +616,126 @@ func parseRetryAfter(f *fields, h http.Header, now time.Time) (d time.Duration, 
 		if !present {
 			continue
 		}
-		if ms, ok := parseDigits(v); ok {
-			return clampRetryUnits(ms, time.Millisecond), true, malformed
-		}
-		v = trimOWS(v)
-		if isDecimalNumber(v) {
-			if ms, err := parseDecimal(v); err == nil {
-				return clampRetry(ms / 1000), true, malformed
+		if !f.isMulti(slot) {
+			if d, ok := retryNumber(v, time.Millisecond); ok {
+				return d, true, malformed
 			}
 		}
-		malformed++
+		d, ok, bad := retryList(h[slotKeys[slot]], time.Millisecond, h, now)
+		malformed += bad
+		if ok {
+			return d, true, malformed
+		}
 	}
 	v, present := f.get(sRetryAfter)
 	if !present {
 		return 0, false, malformed
 	}
-	if sec, ok := parseDigits(v); ok {
-		return clampRetryUnits(sec, time.Second), true, malformed
+	if !f.isMulti(sRetryAfter) {
+		if d, ok := retryNumber(v, time.Second); ok {
+			return d, true, malformed
+		}
+		if at, err := http.ParseTime(trimOWS(v)); err == nil {
+			return retryUntil(at, providerNow(h, now)), true, malformed
+		}
+	}
+	d, ok, bad := retryList(h[slotKeys[sRetryAfter]], time.Second, h, now)
+	return d, ok, malformed + bad
+}
+
+// retryNumber reads a delay in unit (time.Second: Retry-After's
+// delay-seconds; time.Millisecond: retry-after-ms): 1 to 15 digits, or
+// tolerantly a decimal ("1.5"), clamped to MaxRetryAfter. ok=false for
+// anything else (a sign, an exponent, NaN, a date).
+func retryNumber(v string, unit time.Duration) (time.Duration, bool) {
+	if n, ok := parseDigits(v); ok {
+		return clampRetryUnits(n, unit), true
 	}
 	v = trimOWS(v)
 	if isDecimalNumber(v) {
-		if sec, err := parseDecimal(v); err == nil {
-			return clampRetry(sec), true, malformed
+		if x, err := parseDecimal(v); err == nil {
+			if unit == time.Millisecond {
+				return clampRetry(x / 1000), true
+			}
+			return clampRetry(x), true
 		}
 	}
-	at, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false, malformed + 1
-	}
-	d = at.Sub(providerNow(h, now))
+	return 0, false
+}
+
+// retryUntil is the wait until at from ref: 0 for a past instant, at most
+// MaxRetryAfter.
+func retryUntil(at, ref time.Time) time.Duration {
+	d := at.Sub(ref)
 	if d < 0 {
-		return 0, true, malformed
+		return 0
 	}
-	if d > MaxRetryAfter {
-		d = MaxRetryAfter
+	return min(d, MaxRetryAfter)
+}
+
+// retryList reads the field lines of a Retry-After (unit time.Second:
+// delay-seconds or HTTP-dates, read against providerNow(h, now)) or of a
+// retry-after-ms (unit time.Millisecond) as one comma-separated list (RFC
+// 9110 section 5.3) and returns its largest valid member, the number of
+// malformed members (at least 1 when no member is valid), and ok=false
+// when none is valid. Empty members are skipped (RFC 9110 section 5.6.1).
+// The IMF-fixdate and RFC 850 forms carry a comma after the day name: a
+// member that is not a number is read together with the next one as a
+// date first.
+func retryList(lines []string, unit time.Duration, h http.Header, now time.Time) (d time.Duration, ok bool, bad int) {
+	var ref time.Time
+	refDone := false
+	for _, s := range lines {
+		for i := 0; i <= len(s); {
+			j := commaFrom(s, i)
+			m := trimOWS(s[i:j])
+			next := j + 1
+			if m == "" {
+				i = next
+				continue
+			}
+			v, good := retryNumber(m, unit)
+			if !good && unit == time.Second {
+				var at time.Time
+				if j < len(s) {
+					k := commaFrom(s, j+1)
+					if t, err := http.ParseTime(trimOWS(s[i:k])); err == nil {
+						at, good, next = t, true, k+1
+					}
+				}
+				if !good {
+					if t, err := http.ParseTime(m); err == nil {
+						at, good = t, true
+					}
+				}
+				if good {
+					if !refDone {
+						ref, refDone = providerNow(h, now), true
+					}
+					v = retryUntil(at, ref)
+				}
+			}
+			switch {
+			case !good:
+				bad++
+			case !ok || v > d:
+				d, ok = v, true
+			}
+			i = next
+		}
 	}
-	return d, true, malformed
+	if !ok && bad == 0 {
+		bad = 1 // no member at all: the value is malformed
+	}
+	return d, ok, bad
+}
+
+// commaFrom is the index of the first ',' in s at or after i, or len(s).
+func commaFrom(s string, i int) int {
+	if k := strings.IndexByte(s[i:], ','); k >= 0 {
+		return i + k
+	}
+	return len(s)
 }
 
 // parser accumulates candidate figures per dimension while reading the
@@ -773,9 +872,16 @@ func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) 
 	}
 	if v, ok := p.f.get(base + 1); ok {
 		present = true
-		if n, ok := parseCount(v); ok && !zeroLimit {
+		n, ok := parseCount(v)
+		if !ok || p.f.isMulti(base+1) {
+			var bad int
+			n, ok, bad = countList(p.h[slotKeys[base+1]])
+			p.malformed += bad
+		}
+		switch {
+		case ok && !zeroLimit:
 			d.Remaining = n
-		} else {
+		case ok:
 			// A limit of 0 is a placeholder (Azure OpenAI sends 0 and
 			// -1 figures): the remaining beside it says nothing either,
 			// and its 0 must not stop the model.
@@ -784,19 +890,80 @@ func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) 
 	}
 	if v, ok := p.f.get(base + 2); ok {
 		present = true
-		now := p.now
-		if len(v) >= 10 {
-			// Perhaps an absolute time (epoch, RFC 3339): read against
-			// the provider's clock. Relative forms do not read now.
-			now = p.providerNow()
+		var r time.Duration
+		ok := false
+		if !p.f.isMulti(base + 2) {
+			now := p.now
+			if len(v) >= 10 {
+				// Perhaps an absolute time (epoch, RFC 3339): read
+				// against the provider's clock. Relative forms do not
+				// read now.
+				now = p.providerNow()
+			}
+			r, ok = parseResetValue(v, now)
 		}
-		if r, ok := parseResetValue(v, now); ok {
+		if !ok {
+			var bad int
+			r, ok, bad = resetList(p.h[slotKeys[base+2]], p.providerNow())
+			p.malformed += bad
+		}
+		if ok {
 			d.Reset = r
-		} else {
-			p.malformed++
 		}
 	}
 	return present
+}
+
+// countList reads the field lines of a remaining count as one
+// comma-separated list (an intermediary that merges duplicate field lines
+// joins them with commas, RFC 9110 section 5.3) and returns its least valid
+// member (parseCount): the conservative reading of two figures of one
+// quota. bad counts malformed members, at least 1 when none is valid
+// (ok=false); empty members are skipped (RFC 9110 section 5.6.1).
+func countList(lines []string) (n int64, ok bool, bad int) {
+	for _, s := range lines {
+		for i := 0; i <= len(s); {
+			j := commaFrom(s, i)
+			if m := trimOWS(s[i:j]); m != "" {
+				switch v, good := parseCount(m); {
+				case !good:
+					bad++
+				case !ok || v < n:
+					n, ok = v, true
+				}
+			}
+			i = j + 1
+		}
+	}
+	if !ok && bad == 0 {
+		bad = 1
+	}
+	return n, ok, bad
+}
+
+// resetList is countList for a reset (parseResetValue at now, which is the
+// provider's clock for absolute times): its largest valid member, the
+// latest reset. A reset has no form with a comma (Go durations, numbers,
+// RFC 3339 times).
+func resetList(lines []string, now time.Time) (d time.Duration, ok bool, bad int) {
+	for _, s := range lines {
+		for i := 0; i <= len(s); {
+			j := commaFrom(s, i)
+			if m := trimOWS(s[i:j]); m != "" {
+				switch v, good := parseResetValue(m, now); {
+				case !good:
+					bad++
+				case !ok || v > d:
+					d, ok = v, true
+				}
+			}
+			i = j + 1
+		}
+	}
+	if !ok && bad == 0 {
+		bad = 1
+	}
+	return d, ok, bad
 }
 
 // ParseHeaders reads every rate-limit dialect in h (a response received at
@@ -822,6 +989,12 @@ func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) 
 //     (the default) maps to Requests, a unit containing "token" to Tokens,
 //     others are ignored. The draft-03..06 RateLimit-{Limit,Remaining,Reset}
 //     with RateLimit-Policy "10;w=1" maps to Requests.
+//
+// Remaining and reset values are single figures; one that an intermediary
+// merged into a comma-separated list, or that came as several field lines
+// (RFC 9110 section 5.3), is read as its least remaining and its latest
+// reset, malformed members ignored and counted (Retry-After likewise: see
+// ParseRetryAfter).
 func ParseHeaders(h http.Header, now time.Time) Quota {
 	return parseHeaders(h, now, "")
 }

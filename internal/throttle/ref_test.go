@@ -35,7 +35,8 @@ func refSlotOf(k string) int {
 // structured fields.
 type refFields struct {
 	v       [nSlots]string
-	present uint32 // bit per slot: the key is in the map with at least one value
+	all     [nSlots][]string // every field line of each slot
+	present uint32           // bit per slot: the key is in the map with at least one value
 	lines   [2][]string
 }
 
@@ -51,6 +52,7 @@ func (f *refFields) set(slot int, vs []string) {
 		return
 	}
 	f.v[slot] = vs[0]
+	f.all[slot] = vs
 	f.present |= 1 << slot
 	if slot >= sIETFRateLimit {
 		f.lines[slot-sIETFRateLimit] = vs
@@ -180,35 +182,43 @@ func refParseRetryAfter(f *refFields, now time.Time) (d time.Duration, ok bool, 
 			continue
 		}
 		v = trimOWS(v)
-		if isDecimalNumber(v) {
+		if isDecimalNumber(v) && len(f.all[slot]) == 1 {
 			if ms, err := parseDecimal(v); err == nil {
 				return clampRetry(ms / 1000), true, malformed
 			}
 		}
-		malformed++
+		// A list (comma-joined or several lines): the shared list reader,
+		// tested by TestRetryAfterList.
+		d, ok, bad := retryList(f.all[slot], time.Millisecond, nil, now)
+		malformed += bad
+		if ok {
+			return d, true, malformed
+		}
 	}
 	v, present := f.get(sRetryAfter)
 	if !present {
 		return 0, false, malformed
 	}
-	v = trimOWS(v)
-	if isDecimalNumber(v) {
-		if sec, err := parseDecimal(v); err == nil {
-			return clampRetry(sec), true, malformed
+	if len(f.all[sRetryAfter]) == 1 {
+		v = trimOWS(v)
+		if isDecimalNumber(v) {
+			if sec, err := parseDecimal(v); err == nil {
+				return clampRetry(sec), true, malformed
+			}
+		}
+		if at, err := http.ParseTime(v); err == nil {
+			d = at.Sub(now)
+			if d < 0 {
+				return 0, true, malformed
+			}
+			if d > MaxRetryAfter {
+				d = MaxRetryAfter
+			}
+			return d, true, malformed
 		}
 	}
-	at, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false, malformed + 1
-	}
-	d = at.Sub(now)
-	if d < 0 {
-		return 0, true, malformed
-	}
-	if d > MaxRetryAfter {
-		d = MaxRetryAfter
-	}
-	return d, true, malformed
+	d, ok, bad := retryList(f.all[sRetryAfter], time.Second, nil, now)
+	return d, ok, malformed + bad
 }
 
 // parser accumulates candidate figures per dimension while reading the
@@ -272,20 +282,32 @@ func (p *refParser) triplet(base int, dialect string) (d Dimension, present bool
 			zeroLimit = ok && n == 0
 		}
 	}
+	// A value that is not one figure, or several field lines, is a list:
+	// the shared list readers (TestMergedFiguresReadConservatively).
 	if v, ok := p.f.get(base + 1); ok {
 		present = true
-		if n, ok := refParseCount(v); ok && !zeroLimit {
+		n, ok := refParseCount(v)
+		if !ok || len(p.f.all[base+1]) > 1 {
+			var bad int
+			n, ok, bad = countList(p.f.all[base+1])
+			p.malformed += bad
+		}
+		if ok && !zeroLimit {
 			d.Remaining = n
-		} else {
+		} else if ok {
 			p.malformed++
 		}
 	}
 	if v, ok := p.f.get(base + 2); ok {
 		present = true
-		if r, ok := refParseResetValue(v, p.now); ok {
+		r, ok := refParseResetValue(v, p.now)
+		if !ok || len(p.f.all[base+2]) > 1 {
+			var bad int
+			r, ok, bad = resetList(p.f.all[base+2], p.now)
+			p.malformed += bad
+		}
+		if ok {
 			d.Reset = r
-		} else {
-			p.malformed++
 		}
 	}
 	return d, present
