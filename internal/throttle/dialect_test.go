@@ -40,11 +40,11 @@ func TestParseHeadersDialect(t *testing.T) {
 		want          Quota
 	}{
 		{"auto keeps the most restrictive figure", "Auto", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(withWindow(dim(100, 5, 20*time.Second, DialectIETF), time.Minute), 7), Dialect: DialectAnthropic})},
 		{"empty is auto", "", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(withWindow(dim(100, 5, 20*time.Second, DialectIETF), time.Minute), 7), Dialect: DialectAnthropic})},
 		{"unknown name is auto", "Gopher", mixedHeaders(), ra(Quota{
-			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(dim(100, 5, 20*time.Second, DialectIETF), 7), Dialect: DialectAnthropic})},
+			Tokens: dim(80000, 20000, 45*time.Second, DialectAnthropic), Requests: withBeyond(withWindow(dim(100, 5, 20*time.Second, DialectIETF), time.Minute), 7), Dialect: DialectAnthropic})},
 		{"OpenAI", "OpenAI", mixedHeaders(), ra(Quota{
 			Tokens: dim(150000, 149000, 400*time.Millisecond, DialectOpenAI), Requests: dim(500, 499, 120*time.Millisecond, DialectOpenAI), Dialect: DialectOpenAI})},
 		{"openai lower case", "openai", mixedHeaders(), ra(Quota{
@@ -56,7 +56,7 @@ func TestParseHeadersDialect(t *testing.T) {
 		{"Classic", "CLASSIC", mixedHeaders(), ra(Quota{
 			Tokens: none, Requests: dim(100, 7, 30*time.Second, DialectClassic), Dialect: DialectClassic})},
 		{"IETF", "IETF", mixedHeaders(), ra(Quota{
-			Tokens: none, Requests: dim(100, 5, 20*time.Second, DialectIETF), Dialect: DialectIETF})},
+			Tokens: none, Requests: withWindow(dim(100, 5, 20*time.Second, DialectIETF), time.Minute), Dialect: DialectIETF})},
 		{"IETF draft-03 form", "IETF", []string{"RateLimit-Limit: 60", "RateLimit-Remaining: 9", "RateLimit-Reset: 4", "X-RateLimit-Remaining: 0"}, Quota{
 			Tokens: none, Requests: dim(60, 9, 4*time.Second, DialectIETF), Dialect: DialectIETF}},
 		{"a proxy's exhausted classic figure is ignored for OpenAI", "OpenAI",

@@ -226,7 +226,7 @@ func FuzzUntilUnix(f *testing.F) {
 }
 
 // FuzzSFPickMatchesMember: nextPick visits the same members as next, with
-// the same Item and the same values of the two parameters as
+// the same Item and the same values of the three parameters as
 // sfMember.param, and counts the same malformed members, whichever path
 // (pickSFMemberFast or parseSFMember) reads each member.
 func FuzzSFPickMatchesMember(f *testing.F) {
@@ -237,14 +237,14 @@ func FuzzSFPickMatchesMember(f *testing.F) {
 		f.Add(s, uint8(0))
 		f.Add(s, uint8(1))
 	}
-	keys := [...][2]string{{"q", "qu"}, {"r", "t"}, {"a", "a"}, {"h", "w"}}
+	keys := [...][3]string{{"q", "qu", "w"}, {"r", "t", ""}, {"a", "a", "a"}, {"h", "w", "q"}}
 	f.Fuzz(func(t *testing.T, s string, which uint8) {
 		k := keys[int(which)%len(keys)]
 		var m sfMember
 		var pk sfPick
 		want, got := sfList{s: s}, sfList{s: s}
 		for {
-			wok, gok := want.next(&m), got.nextPick(&pk, k[0], k[1])
+			wok, gok := want.next(&m), got.nextPick(&pk, k[0], k[1], k[2])
 			if wok != gok || want.i != got.i || want.malformed != got.malformed {
 				t.Fatalf("%q: next %v at %d (%d malformed), nextPick %v at %d (%d malformed)", s, wok, want.i, want.malformed, gok, got.i, got.malformed)
 			}
@@ -253,8 +253,10 @@ func FuzzSFPickMatchesMember(f *testing.F) {
 			}
 			v0, h0 := m.param(k[0])
 			v1, h1 := m.param(k[1])
-			if m.item != pk.item || h0 != pk.has[0] || (h0 && v0 != pk.val[0]) || h1 != pk.has[1] || (h1 && v1 != pk.val[1]) {
-				t.Fatalf("%q: member %+v %q=%+v,%v %q=%+v,%v; picked %+v", s, m.item, k[0], v0, h0, k[1], v1, h1, pk)
+			v2, h2 := m.param(k[2])
+			if m.item != pk.item || h0 != pk.has[0] || (h0 && v0 != pk.val[0]) || h1 != pk.has[1] || (h1 && v1 != pk.val[1]) ||
+				h2 != pk.has[2] || (h2 && v2 != pk.val[2]) {
+				t.Fatalf("%q: member %+v %q=%+v,%v %q=%+v,%v %q=%+v,%v; picked %+v", s, m.item, k[0], v0, h0, k[1], v1, h1, k[2], v2, h2, pk)
 			}
 		}
 	})

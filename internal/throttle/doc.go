@@ -19,6 +19,10 @@
 //     ParseHeadersDialect (and Throttle.ParseHeaders with Config.Dialect)
 //     restricts parsing to the ProviderPool's dialect hint, so that headers a
 //     proxy adds in another dialect are ignored; "Auto" is ParseHeaders.
+//     A quota's window, when the provider states it (Dimension.Window: an
+//     IETF policy's w, draft-10 section 3.1.3, or the w of a draft-03 or
+//     Envoy policy list), is kept with the figure, and a remaining without
+//     a reset ends at the latest with that window.
 //     ParseRetryAfter reads retry-after-ms, x-ms-retry-after-ms and
 //     Retry-After (delay-seconds or any RFC 9110 HTTP-date form); a value
 //     merged into a list or sent as several field lines (RFC 9110 section
@@ -41,8 +45,11 @@
 //     (Azure's sub-windows), pauses every start after a 429
 //     until the provider's Retry-After or reset, and spreads the callers
 //     released after a pause over a jitter window so they do not return as
-//     a herd. Without provider figures it paces from the configured
-//     per-minute hints with a sliding 60 s window log, and without hints it
+//     a herd. A limit whose figure is stale (or that came without a
+//     remaining) is counted with a sliding window log over its stated
+//     window, 60 s when none is stated. Without provider figures it paces
+//     from the configured per-minute hints with a sliding 60 s window log,
+//     and without hints it
 //     lets one probe call through at a time until a response says something.
 //     The input and output dimensions count only once Anthropic figures
 //     describe them (unknown, they never block); their remaining, rounded
@@ -67,7 +74,8 @@
 // (sections "Reading the quota instead of guessing it", "The adaptive
 // throttle", "Two paths, one quota"), the provider header reference, RFC 9110
 // sections 10.2.3 (Retry-After) and 5.3 (field lines combined into a list),
-// RFC 9651 (Structured Fields), and the
+// RFC 9651 (Structured Fields), draft-ietf-httpapi-ratelimit-headers-10
+// sections 3.1.3 (w) and 4.1.2 (t), and the
 // regression cases BC-02, BC-03, BC-05, BC-07, BC-11, BC-12, BC-13 and BC-39;
 // for Anthropic's input and output buckets the provider header reference,
 // Anthropic section ("OTPM rate limits are estimated based on max_tokens at

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"math"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -59,8 +60,20 @@ type Dimension struct {
 	Remaining int64
 	// Reset is the time until the quota is fully replenished (OpenAI,
 	// Anthropic, Azure) or the window ends (classic, IETF); -1 unknown,
-	// otherwise in [0, MaxReset].
+	// otherwise in [0, MaxReset]. A fixed-window figure whose remaining
+	// comes without a reset but whose Window is known (an IETF RateLimit
+	// item without t, draft-10 section 4.1.2, whose policy has a w) has
+	// Reset = Window: the window ends at the latest then.
 	Reset time.Duration
+	// Window is the length of the quota's window when the provider states
+	// it, in (0, MaxReset]: the w parameter of the IETF RateLimit-Policy
+	// the figure names (draft-10 section 3.1.3: "an interval in seconds"),
+	// of a draft-03 RateLimit-Policy item ("10;w=1"), or of the policy
+	// item that an Envoy-style X-RateLimit-Limit or draft-03
+	// RateLimit-Limit list gives for its limit ("10, 10;w=1"); a w above
+	// MaxReset (a monthly quota) is read as MaxReset. 0 when not stated:
+	// the limit is then per Window (60 s), as every per-minute quota is.
+	Window time.Duration
 	// Dialect is the dialect that supplied this figure, "" if none.
 	Dialect string
 	// Beyond is, when > 0, the remaining of another figure of the same
@@ -826,7 +839,7 @@ func (p *parser) offer(dim int, c *Dimension) {
 	case remaining >= 0:
 		better = remaining < b.Remaining || (remaining == b.Remaining && c.Reset > b.Reset)
 	default:
-		better = c.Limit < b.Limit
+		better = slowerLimit(c, b)
 	}
 	if better {
 		// The figure replaced still binds past c's reset when its own
@@ -835,12 +848,76 @@ func (p *parser) offer(dim int, c *Dimension) {
 		if b.Remaining >= 0 && c.Reset >= 0 && b.Reset > c.Reset {
 			beyond = minPositive(b.Remaining, b.Beyond)
 		}
-		b.Limit, b.Remaining, b.Reset, b.Dialect, b.Beyond = c.Limit, remaining, c.Reset, c.Dialect, beyond
+		b.Limit, b.Remaining, b.Reset, b.Window, b.Dialect, b.Beyond = c.Limit, remaining, c.Reset, c.Window, c.Dialect, beyond
 		return
 	}
 	if remaining >= 0 && b.Remaining >= 0 && b.Reset >= 0 && c.Reset > b.Reset {
 		b.Beyond = minPositive(b.Beyond, remaining)
 	}
+}
+
+// slowerLimit reports whether limit-only figure c admits less per unit of
+// time than b: c.Limit per its window below b.Limit per its window (Window
+// when not stated), the quota that binds in the long run; for equal rates,
+// the smaller limit. Exact: the products are compared in 128 bits.
+func slowerLimit(c, b *Dimension) bool {
+	cw, bw := uint64(windowOf(c)/time.Second), uint64(windowOf(b)/time.Second)
+	chi, clo := bits.Mul64(uint64(c.Limit), bw)
+	bhi, blo := bits.Mul64(uint64(b.Limit), cw)
+	if chi != bhi || clo != blo {
+		return chi < bhi || (chi == bhi && clo < blo)
+	}
+	return c.Limit < b.Limit
+}
+
+// windowOf is d's window: Window (60 s) when the provider did not state
+// one.
+func windowOf(d *Dimension) time.Duration {
+	if d.Window > 0 {
+		return d.Window
+	}
+	return Window
+}
+
+// windowReset gives a fixed-window figure with a remaining but no reset
+// the end of its stated window as its reset: the latest the window can end
+// (see Dimension.Reset).
+func windowReset(d *Dimension) {
+	if d.Remaining >= 0 && d.Reset < 0 && d.Window > 0 {
+		d.Reset = d.Window
+	}
+}
+
+// policyWindow reads a w parameter (draft-10 section 3.1.3: a non-zero,
+// non-negative Integer of seconds): ok=false for anything else; above
+// MaxReset, MaxReset.
+func policyWindow(v sfValue) (time.Duration, bool) {
+	switch {
+	case v.kind != sfInteger || v.i <= 0:
+		return 0, false
+	case v.i >= int64(MaxReset/time.Second):
+		return MaxReset, true
+	}
+	return time.Duration(v.i) * time.Second, true
+}
+
+// limitWindow is the window of the quota policy that a limit list states
+// for its limit: the first valid w of a member of s whose Item is the
+// Integer limit ("10, 10;w=1" for 10: 1 s; draft-03 section 4, as Envoy
+// sends it in X-RateLimit-Limit), 0 if there is none. The list's other
+// members are not counted as malformed: only its leading figure is the
+// limit (parseLimit).
+func limitWindow(s string, limit int64) time.Duration {
+	var m sfPick
+	it := sfList{s: s}
+	for it.nextPick(&m, "w", "", "") {
+		if m.item.kind == sfInteger && m.item.i == limit && m.has[0] {
+			if w, ok := policyWindow(m.val[0]); ok {
+				return w
+			}
+		}
+	}
+	return 0
 }
 
 // minPositive is the smaller of a and b among those > 0, 0 if neither is.
@@ -858,12 +935,15 @@ func minPositive(a, b int64) int64 {
 // dialect given, and reports whether any of the three headers was there.
 // The triplet's slots are base, base+1, base+2.
 func (p *parser) triplet(base int, dialect string, d *Dimension) (present bool) {
-	d.Limit, d.Remaining, d.Reset, d.Dialect = -1, -1, -1, dialect
+	d.Limit, d.Remaining, d.Reset, d.Window, d.Dialect = -1, -1, -1, 0, dialect
 	zeroLimit := false
 	if v, ok := p.f.get(base); ok {
 		present = true
 		if n, ok := parseLimit(v); ok {
 			d.Limit = n
+			if (dialect == DialectClassic || dialect == DialectIETF) && strings.IndexByte(v, ';') >= 0 {
+				d.Window = limitWindow(v, n)
+			}
 		} else {
 			p.malformed++
 			n, ok := parseCount(v)
@@ -988,7 +1068,9 @@ func resetList(lines []string, now time.Time) (d time.Duration, ok bool, bad int
 //     number of members and field lines); a policy's qu "requests"/"request"
 //     (the default) maps to Requests, a unit containing "token" to Tokens,
 //     others are ignored. The draft-03..06 RateLimit-{Limit,Remaining,Reset}
-//     with RateLimit-Policy "10;w=1" maps to Requests.
+//     with RateLimit-Policy "10;w=1" maps to Requests. A policy's window w
+//     is the figure's Window, and its reset when t is absent (see
+//     parseIETF).
 //
 // Remaining and reset values are single figures; one that an intermediary
 // merged into a comma-separated list, or that came as several field lines
@@ -1104,6 +1186,7 @@ func parseHeaders(h http.Header, now time.Time, dialect string) Quota {
 	if f.any(sClassic, 3) {
 		var d Dimension
 		if p.triplet(sClassic, DialectClassic, &d) {
+			windowReset(&d)
 			p.offer(dimRequests, &d)
 		}
 	}
@@ -1154,7 +1237,8 @@ func (p *parser) parseAnthropic() {
 type ietfPolicy struct {
 	name string
 	q    int64
-	dim  int // dimTokens, dimRequests, or -1 for units we do not pace
+	win  time.Duration // w, 0 if absent or malformed
+	dim  int           // dimTokens, dimRequests, or -1 for units we do not pace
 	used bool
 }
 
@@ -1178,28 +1262,56 @@ func ietfUnit(qu string) int {
 	return -1
 }
 
+// windowParam is the window of a RateLimit-Policy member picked with w as
+// its third parameter (policyWindow), 0 if absent; a malformed w is
+// counted and ignored (the policy's quota still holds).
+func (p *parser) windowParam(m *sfPick) time.Duration {
+	if !m.has[2] {
+		return 0
+	}
+	w, ok := policyWindow(m.val[2])
+	if !ok {
+		p.malformed++
+	}
+	return w
+}
+
+// parseIETF reads the IETF fields: RateLimit-Policy and RateLimit
+// (draft-10/11), whose RateLimit items take the quota q and window w of
+// the policy they name (sections 3.1 and 4.1); an item without t (or with
+// a malformed one) ends at the latest at its policy's w (windowReset). An
+// item naming no policy sent is a request quota of unknown limit and
+// window. Then the draft-03..06
+// RateLimit-{Limit,Remaining,Reset}, whose window is the w of the
+// RateLimit-Policy item ("10;w=1") or RateLimit-Limit list member that has
+// its limit.
 func (p *parser) parseIETF() {
 	var buf [8]ietfPolicy
 	policies := buf[:0]
-	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
+	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1": the smallest quota
+	var oldWindow time.Duration
 	var m sfPick
 	for _, line := range p.f.lines[sIETFPolicy-sIETFRateLimit] {
 		it := sfList{s: line}
-		for it.nextPick(&m, "q", "qu") {
+		for it.nextPick(&m, "q", "qu", "w") {
 			switch m.item.kind {
 			case sfString, sfToken:
+				dim := -1
+				var win time.Duration
 				qv, ok := m.val[0], m.has[0]
-				if !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue {
+				u, uok := m.val[1], m.has[1]
+				switch {
+				case !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue:
 					p.malformed++
 					continue
-				}
-				unit := ""
-				if u, ok := m.val[1], m.has[1]; ok {
-					if u.kind != sfString && u.kind != sfToken {
-						p.malformed++
-						continue
+				case uok && u.kind != sfString && u.kind != sfToken:
+					p.malformed++
+					continue
+				default:
+					if !uok {
+						u.s = ""
 					}
-					unit = u.s
+					dim, win = ietfUnit(u.s), p.windowParam(&m)
 				}
 				if len(policies) == cap(policies) {
 					policies = append(policies, ietfPolicy{})
@@ -1208,14 +1320,15 @@ func (p *parser) parseIETF() {
 				}
 				// Field by field (see offer).
 				pol := &policies[len(policies)-1]
-				pol.name, pol.q, pol.dim = m.item.s, qv.i, ietfUnit(unit)
+				pol.name, pol.q, pol.win, pol.dim, pol.used = m.item.s, qv.i, win, dim, false
 			case sfInteger:
 				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
 					p.malformed++
 					continue
 				}
-				if oldLimit < 0 || m.item.i < oldLimit {
-					oldLimit = m.item.i
+				win := p.windowParam(&m)
+				if oldLimit < 0 || m.item.i < oldLimit || (m.item.i == oldLimit && oldWindow == 0) {
+					oldLimit, oldWindow = m.item.i, win
 				}
 			default:
 				p.malformed++
@@ -1225,7 +1338,7 @@ func (p *parser) parseIETF() {
 	}
 	for _, line := range p.f.lines[0] {
 		it := sfList{s: line}
-		for it.nextPick(&m, "r", "t") {
+		for it.nextPick(&m, "r", "t", "") {
 			if m.item.kind != sfString && m.item.kind != sfToken {
 				p.malformed++
 				continue
@@ -1248,10 +1361,11 @@ func (p *parser) parseIETF() {
 			for i := range policies {
 				if policies[i].name == m.item.s {
 					policies[i].used = true
-					d.Limit, dim = policies[i].q, policies[i].dim
+					d.Limit, d.Window, dim = policies[i].q, policies[i].win, policies[i].dim
 					break
 				}
 			}
+			windowReset(&d)
 			if dim >= 0 {
 				p.offer(dim, &d)
 			}
@@ -1260,7 +1374,7 @@ func (p *parser) parseIETF() {
 	}
 	for _, pol := range policies {
 		if !pol.used && pol.dim >= 0 {
-			d := Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Dialect: DialectIETF}
+			d := Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Window: pol.win, Dialect: DialectIETF}
 			p.offer(pol.dim, &d)
 		}
 	}
@@ -1270,6 +1384,18 @@ func (p *parser) parseIETF() {
 		if d.Limit < 0 {
 			d.Limit = oldLimit
 		}
+		if d.Window == 0 && d.Limit > 0 {
+			if d.Limit == oldLimit {
+				d.Window = oldWindow
+			} else {
+				for _, line := range p.f.lines[sIETFPolicy-sIETFRateLimit] {
+					if d.Window = limitWindow(line, d.Limit); d.Window > 0 {
+						break
+					}
+				}
+			}
+		}
+		windowReset(&d)
 		p.offer(dimRequests, &d)
 	}
 }

@@ -30,6 +30,12 @@ func dim(limit, remaining int64, reset time.Duration, dialect string) Dimension 
 	return Dimension{Limit: limit, Remaining: remaining, Reset: reset, Dialect: dialect}
 }
 
+// withWindow returns d with Window set.
+func withWindow(d Dimension, w time.Duration) Dimension {
+	d.Window = w
+	return d
+}
+
 // withBeyond returns d with Beyond set.
 func withBeyond(d Dimension, beyond int64) Dimension {
 	d.Beyond = beyond
@@ -312,7 +318,7 @@ func TestParseHeaders(t *testing.T) {
 		{
 			name: "classic Envoy list-form limit",
 			h:    hdr(`X-RateLimit-Limit: 10, 10;w=1;name="per-ip", 1000;w=3600`, "X-RateLimit-Remaining: 9", "X-RateLimit-Reset: 1"),
-			want: Quota{Tokens: none, Requests: dim(10, 9, time.Second, DialectClassic), Dialect: DialectClassic},
+			want: Quota{Tokens: none, Requests: withWindow(dim(10, 9, time.Second, DialectClassic), time.Second), Dialect: DialectClassic},
 		},
 		{
 			name: "IETF draft-10: RateLimit names a RateLimit-Policy",
@@ -322,7 +328,7 @@ func TestParseHeaders(t *testing.T) {
 			),
 			// "default" (no policy: requests) outlasts "burst": its 50 cap
 			// the dimension past burst's reset.
-			want: Quota{Tokens: none, Requests: withBeyond(dim(100, 40, 20*time.Second, DialectIETF), 50), Dialect: DialectIETF},
+			want: Quota{Tokens: none, Requests: withBeyond(withWindow(dim(100, 40, 20*time.Second, DialectIETF), time.Minute), 50), Dialect: DialectIETF},
 		},
 		{
 			name: "IETF: several field lines, token unit, request unit, foreign units ignored, malformed members skipped",
@@ -333,8 +339,8 @@ func TestParseHeaders(t *testing.T) {
 				`RateLimit: "rpm";r=590;t=1, "bytes";r=10;t=1, "x";t=5, ("inner" "list");r=1`,
 			),
 			want: Quota{
-				Tokens:    dim(60000, 1500, 2*time.Second, DialectIETF),
-				Requests:  dim(600, 590, time.Second, DialectIETF),
+				Tokens:    withWindow(dim(60000, 1500, 2*time.Second, DialectIETF), time.Minute),
+				Requests:  withWindow(dim(600, 590, time.Second, DialectIETF), time.Minute),
 				Dialect:   DialectIETF,
 				Malformed: 3, // "garbage;;", "x" without r, the inner list
 			},
@@ -342,12 +348,12 @@ func TestParseHeaders(t *testing.T) {
 		{
 			name: "IETF: vendor token unit and an unused policy gives the limit only",
 			h:    hdr(`RateLimit-Policy: "acme";q=5000;qu="acme-tokens";w=60`),
-			want: Quota{Tokens: dim(5000, -1, -1, DialectIETF), Requests: none, Dialect: DialectIETF},
+			want: Quota{Tokens: withWindow(dim(5000, -1, -1, DialectIETF), time.Minute), Requests: none, Dialect: DialectIETF},
 		},
 		{
 			name: "IETF draft-03 form with integer RateLimit-Policy",
 			h:    hdr("RateLimit-Remaining: 7", "RateLimit-Reset: 3", "RateLimit-Policy: 10;w=1, 100;w=60"),
-			want: Quota{Tokens: none, Requests: dim(10, 7, 3*time.Second, DialectIETF), Dialect: DialectIETF},
+			want: Quota{Tokens: none, Requests: withWindow(dim(10, 7, 3*time.Second, DialectIETF), time.Second), Dialect: DialectIETF},
 		},
 		{
 			name: "most restrictive wins across dialects: smallest remaining",

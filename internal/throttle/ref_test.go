@@ -252,7 +252,7 @@ func (p *refParser) offer(dim int, c Dimension) {
 	case c.Remaining >= 0:
 		better = c.Remaining < b.Remaining || (c.Remaining == b.Remaining && c.Reset > b.Reset)
 	default:
-		better = c.Limit < b.Limit
+		better = slowerLimit(&c, b)
 	}
 	if better {
 		c.Beyond = 0
@@ -276,6 +276,9 @@ func (p *refParser) triplet(base int, dialect string) (d Dimension, present bool
 		present = true
 		if n, ok := refParseLimit(v); ok {
 			d.Limit = n
+			if dialect == DialectClassic || dialect == DialectIETF {
+				d.Window = refLimitWindow(v, n)
+			}
 		} else {
 			p.malformed++
 			n, ok := refParseCount(v)
@@ -352,6 +355,7 @@ func refParseHeaders(h http.Header, now time.Time, only string) Quota {
 	// Classic.
 	if (only == "" || only == DialectClassic) && f.any(sClassic, 3) {
 		if d, present := p.triplet(sClassic, DialectClassic); present {
+			refWindowReset(&d)
 			p.offer(dimRequests, d)
 		}
 	}
@@ -402,8 +406,58 @@ func (p *refParser) parseAnthropic() {
 type refIetfPolicy struct {
 	name string
 	q    int64
+	win  time.Duration
 	dim  int // dimTokens, dimRequests, or -1 for units we do not pace
 	used bool
+}
+
+// refWindow reads a w parameter: 0 and not ok when malformed.
+func refWindow(v refSfValue) (time.Duration, bool) {
+	if v.kind != sfInteger || v.i <= 0 {
+		return 0, false
+	}
+	if v.i > int64(MaxReset/time.Second) {
+		return MaxReset, true
+	}
+	return time.Duration(v.i) * time.Second, true
+}
+
+// refLimitWindow is the w of the first member of the limit list s whose
+// Item is the Integer limit.
+func refLimitWindow(s string, limit int64) time.Duration {
+	var m refSfMember
+	it := refSfList{s: s}
+	for it.next(&m) {
+		if m.item.kind == sfInteger && m.item.i == limit {
+			if wv, ok := m.param("w"); ok {
+				if w, ok := refWindow(wv); ok {
+					return w
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// refWindowReset: a remaining without a reset ends at the latest with its
+// window.
+func refWindowReset(d *Dimension) {
+	if d.Remaining >= 0 && d.Reset < 0 && d.Window > 0 {
+		d.Reset = d.Window
+	}
+}
+
+// windowParam is the member's w, counted when malformed.
+func (p *refParser) windowParam(m *refSfMember) time.Duration {
+	wv, ok := m.param("w")
+	if !ok {
+		return 0
+	}
+	w, ok := refWindow(wv)
+	if !ok {
+		p.malformed++
+	}
+	return w
 }
 
 // ietfUnit maps a quota unit to a dimension: "requests" (the default) or
@@ -421,9 +475,8 @@ func refIetfUnit(qu string) int {
 }
 
 func (p *refParser) parseIETF() {
-	var buf [8]refIetfPolicy
-	policies := buf[:0]
-	oldLimit := int64(-1) // draft-03 "RateLimit-Policy: 10;w=1"
+	var policies []refIetfPolicy
+	var old []refIetfPolicy // draft-03 "RateLimit-Policy: 10;w=1"
 	var sm refSfMember
 	m := &sm
 	for _, line := range p.f.lines[sIETFPolicy-sIETFRateLimit] {
@@ -431,28 +484,25 @@ func (p *refParser) parseIETF() {
 		for it.next(m) {
 			switch m.item.kind {
 			case sfString, sfToken:
+				pol := refIetfPolicy{name: m.item.s, dim: -1}
 				qv, ok := m.param("q")
-				if !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue {
+				u, uok := m.param("qu")
+				switch {
+				case !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue:
 					p.malformed++
-					continue
+				case uok && u.kind != sfString && u.kind != sfToken:
+					p.malformed++
+				default:
+					pol.q, pol.dim = qv.i, refIetfUnit(u.s)
+					pol.win = p.windowParam(m)
+					policies = append(policies, pol)
 				}
-				unit := ""
-				if u, ok := m.param("qu"); ok {
-					if u.kind != sfString && u.kind != sfToken {
-						p.malformed++
-						continue
-					}
-					unit = u.s
-				}
-				policies = append(policies, refIetfPolicy{name: m.item.s, q: qv.i, dim: refIetfUnit(unit)})
 			case sfInteger:
 				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
 					p.malformed++
 					continue
 				}
-				if oldLimit < 0 || m.item.i < oldLimit {
-					oldLimit = m.item.i
-				}
+				old = append(old, refIetfPolicy{q: m.item.i, win: p.windowParam(m)})
 			default:
 				p.malformed++
 			}
@@ -483,10 +533,11 @@ func (p *refParser) parseIETF() {
 			for i := range policies {
 				if policies[i].name == m.item.s {
 					policies[i].used = true
-					d.Limit, dim = policies[i].q, policies[i].dim
+					d.Limit, d.Window, dim = policies[i].q, policies[i].win, policies[i].dim
 					break
 				}
 			}
+			refWindowReset(&d)
 			if dim >= 0 {
 				p.offer(dim, d)
 			}
@@ -495,14 +546,27 @@ func (p *refParser) parseIETF() {
 	}
 	for _, pol := range policies {
 		if !pol.used && pol.dim >= 0 {
-			p.offer(pol.dim, Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Dialect: DialectIETF})
+			p.offer(pol.dim, Dimension{Limit: pol.q, Remaining: -1, Reset: -1, Window: pol.win, Dialect: DialectIETF})
 		}
 	}
-	// draft-03..06 form.
+	// draft-03..06 form: the limit, else the smallest policy quota; the
+	// window of the first policy item of that quota with a w.
+	oldLimit := int64(-1)
+	for _, o := range old {
+		if oldLimit < 0 || o.q < oldLimit {
+			oldLimit = o.q
+		}
+	}
 	if d, present := p.triplet(sIETF, DialectIETF); present || oldLimit > 0 {
 		if d.Limit < 0 {
 			d.Limit = oldLimit
 		}
+		for _, o := range old {
+			if d.Window == 0 && d.Limit > 0 && o.q == d.Limit && o.win > 0 {
+				d.Window = o.win
+			}
+		}
+		refWindowReset(&d)
 		p.offer(dimRequests, d)
 	}
 }

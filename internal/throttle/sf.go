@@ -131,23 +131,23 @@ func init() {
 }
 
 // sfPick is what a reader takes from one List member: its Item and the
-// values of two parameters, each the first occurrence among the first
-// sfMaxParams parameters (what sfMember.param finds); val[i] is valid when
-// has[i].
+// values of up to three parameters, each the first occurrence among the
+// first sfMaxParams parameters (what sfMember.param finds); val[i] is valid
+// when has[i].
 type sfPick struct {
 	item sfValue
-	val  [2]sfValue
-	has  [2]bool
+	val  [3]sfValue
+	has  [3]bool
 }
 
-// nextPick is next for a reader of the Item and the parameters k0 and k1 of
-// each member: it parses the next well-formed member into pk; false at the
+// nextPick is next for a reader of the Item and the parameters k0, k1 and
+// k2 of each member ("" for none): it parses the next well-formed member into pk; false at the
 // end. Members, malformed ones and it.malformed are exactly those of next
 // (FuzzSFPickMatchesMember compares them). A member of the common form
 // (strings without escapes, tokens, integers, key=value parameters) is
 // read by pickSFMemberFast without storing its parameters; any other by
 // parseSFMember.
-func (it *sfList) nextPick(pk *sfPick, k0, k1 string) bool {
+func (it *sfList) nextPick(pk *sfPick, k0, k1, k2 string) bool {
 	s := it.s
 	for {
 		i := skipOWS(s, it.i)
@@ -155,9 +155,9 @@ func (it *sfList) nextPick(pk *sfPick, k0, k1 string) bool {
 			it.i = len(s)
 			return false
 		}
-		j, ok, handled := pickSFMemberFast(s, i, pk, k0, k1)
+		j, ok, handled := pickSFMemberFast(s, i, pk, k0, k1, k2)
 		if !handled {
-			j, ok = pickSFMember(s, i, pk, k0, k1)
+			j, ok = pickSFMember(s, i, pk, k0, k1, k2)
 		}
 		if ok {
 			j = skipOWS(s, j)
@@ -180,14 +180,15 @@ func (it *sfList) nextPick(pk *sfPick, k0, k1 string) bool {
 }
 
 // pickSFMember is the general path of nextPick: parseSFMember, then the
-// two parameters by sfMember.param.
-func pickSFMember(s string, i int, pk *sfPick, k0, k1 string) (int, bool) {
+// three parameters by sfMember.param.
+func pickSFMember(s string, i int, pk *sfPick, k0, k1, k2 string) (int, bool) {
 	var m sfMember
 	j, ok := parseSFMember(s, i, &m)
 	if ok {
 		pk.item = m.item
 		pk.val[0], pk.has[0] = m.param(k0)
 		pk.val[1], pk.has[1] = m.param(k1)
+		pk.val[2], pk.has[2] = m.param(k2)
 	}
 	return j, ok
 }
@@ -199,12 +200,12 @@ func pickSFMember(s string, i int, pk *sfPick, k0, k1 string) (int, bool) {
 // would (the end, ok=true), with pk filled as pickSFMember would fill it,
 // and handled=true; for any other member handled=false, and the caller
 // uses the general path.
-func pickSFMemberFast(s string, i int, pk *sfPick, k0, k1 string) (j int, ok, handled bool) {
+func pickSFMemberFast(s string, i int, pk *sfPick, k0, k1, k2 string) (j int, ok, handled bool) {
 	j, handled = pickSFItem(s, i, &pk.item)
 	if !handled {
 		return j, false, false
 	}
-	pk.has[0], pk.has[1] = false, false
+	pk.has[0], pk.has[1], pk.has[2] = false, false, false
 	var v sfValue
 	for n := 0; j < len(s) && s[j] == ';'; n++ {
 		j++
@@ -228,6 +229,9 @@ func pickSFMemberFast(s string, i int, pk *sfPick, k0, k1 string) (j int, ok, ha
 			}
 			if !pk.has[1] && eqShort(key, k1) {
 				pk.val[1], pk.has[1] = v, true
+			}
+			if !pk.has[2] && eqShort(key, k2) {
+				pk.val[2], pk.has[2] = v, true
 			}
 		}
 	}

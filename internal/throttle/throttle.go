@@ -30,8 +30,10 @@ func (p Priority) String() string {
 }
 
 // Window is the window of per-minute quotas: the span of the sliding window
-// log used with hints (BC-13), and the age after which a provider figure
-// without a longer reset is stale.
+// log used with hints (BC-13) and with a provider limit whose window is not
+// stated, and the age after which a provider figure without a longer reset
+// is stale. A limit whose window the provider states (Dimension.Window: an
+// IETF policy's w) is counted over that window instead.
 const Window = 60 * time.Second
 
 const (
@@ -251,7 +253,7 @@ const (
 	modeBlocked                // a fresh figure says 0 left and the limit is unknown
 	modeContinuous             // fresh figure, token bucket replenished continuously
 	modeStep                   // fresh figure, fixed window (classic, IETF), before its reset
-	modeWindow                 // sliding 60 s window log against the limit
+	modeWindow                 // sliding window log (60 s, or the limit's stated window) against the limit
 )
 
 // dimension is the throttle's state for one quota dimension.
@@ -262,7 +264,10 @@ type dimension struct {
 	// blocks (no probe, no pacing); only figures make it count.
 	optional bool
 	hdrLimit int64 // limit from headers, -1 unknown
-	maxSeen  int64 // largest remaining ever observed: a lower bound of the limit
+	// hdrWindow is the window of hdrLimit when the provider stated it
+	// (Dimension.Window), 0 unknown: see window.
+	hdrWindow time.Duration
+	maxSeen   int64 // largest remaining ever observed: a lower bound of the limit
 
 	hasFig   bool
 	figRem   int64
@@ -316,6 +321,17 @@ func (d *dimension) limit() int64 {
 		return d.maxSeen
 	}
 	return -1
+}
+
+// window is the span the limit in effect is counted over: the provider's
+// stated window of a header limit (an IETF policy's w: a daily quota is
+// counted over a day, a per-second one over a second), else Window (the
+// hints and every other limit are per minute).
+func (d *dimension) window() time.Duration {
+	if d.hdrLimit > 0 && d.hdrWindow > 0 {
+		return d.hdrWindow
+	}
+	return Window
 }
 
 // fresh reports whether the last figure still describes the provider: for
@@ -401,10 +417,25 @@ func (d *dimension) pendingSum() int64 {
 	return sum
 }
 
+// span is how far back the log counts starts not before since: the
+// limit's window for a sliding count (since zero: no figure, or a limit
+// without one); from a fixed window's start (since set), every start since
+// it, up to max(Window, window) back. A fixed window's figures arrive late
+// and its integer-second resets are rounded up, so the throttle's view of
+// the window may last longer than the window: a count that slid over the
+// window alone dropped the window's first starts and let the provider
+// refuse calls.
+func (d *dimension) span(since time.Time) time.Duration {
+	if since.IsZero() {
+		return d.window()
+	}
+	return max(Window, d.window())
+}
+
 // windowStart is the index in the log of the first entry inside the sliding
-// window (now-Window, now] and not before since.
+// window (now-span, now] and not before since.
 func (d *dimension) windowStart(now, since time.Time) int {
-	from := now.Add(-Window).UnixNano()
+	from := now.Add(-d.span(since)).UnixNano()
 	lo := from + 1
 	if !since.IsZero() {
 		lo = max(lo, since.UnixNano())
@@ -422,13 +453,13 @@ func (d *dimension) windowSum(now, since time.Time) int64 {
 }
 
 // rate is the continuous replenishment rate in units per nanosecond: derived
-// from the figure (the reset is the time until full), else limit per Window.
+// from the figure (the reset is the time until full), else limit per window.
 func (d *dimension) rate(lim int64) float64 {
 	rem := min(d.figRem, lim)
 	if d.figReset > 0 && lim > rem {
 		return float64(lim-rem) / float64(d.figReset)
 	}
-	return float64(lim) / float64(Window)
+	return float64(lim) / float64(d.window())
 }
 
 // state evaluates the dimension at now: its mode, limit, estimated level and,
@@ -438,7 +469,7 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 	lim = d.limit()
 	if lim <= 0 {
 		if d.fresh(now) {
-			resetAt := d.figAt.Add(Window)
+			resetAt := d.figAt.Add(d.window())
 			if d.figReset >= 0 {
 				resetAt = d.figAt.Add(d.figReset)
 			}
@@ -472,7 +503,7 @@ func (d *dimension) state(now time.Time) (m mode, lim int64, level float64, at t
 			}
 			return modeContinuous, lim, d.capBeyond(level), time.Time{}
 		}
-		resetAt := d.figAt.Add(Window)
+		resetAt := d.figAt.Add(d.window())
 		if d.figReset >= 0 {
 			resetAt = d.figAt.Add(d.figReset)
 		}
@@ -560,10 +591,10 @@ func (d *dimension) check(now time.Time, cost, reservePct int64) verdict {
 		e := d.log.at(i)
 		freed += float64(e.charged)
 		if freed+levelEpsilon >= float64(need) {
-			return verdict{wait: time.Duration(e.at + int64(Window) - now.UnixNano())}
+			return verdict{wait: time.Duration(e.at + int64(d.span(at)) - now.UnixNano())}
 		}
 	}
-	return verdict{wait: Window} // unreachable: an empty window holds the full limit
+	return verdict{wait: d.span(at)} // unreachable: an empty window holds the full limit
 }
 
 // record appends a started call (at is non-decreasing: see Throttle.tick)
@@ -588,9 +619,13 @@ func (d *dimension) entry(seq uint64) *entry {
 	return nil
 }
 
-// prune drops entries outside the window that no figure still needs.
+// prune drops entries outside the window that no figure still needs. The
+// log keeps at least Window of starts (Throttle.advanceFloor reads the
+// tokens log over Window), and a stated window's when longer: a daily
+// quota keeps a day of starts, at most about its limit (the starts its
+// window admits), 56 bytes each.
 func (d *dimension) prune(now time.Time) {
-	from := now.Add(-Window).UnixNano()
+	from := now.Add(-max(Window, d.window())).UnixNano()
 	fresh := d.fresh(now)
 	for d.log.len() > 0 {
 		e := d.log.at(0)
@@ -605,7 +640,7 @@ func (d *dimension) prune(now time.Time) {
 // the response (0: a call not started here, which covers no local start).
 func (d *dimension) apply(now time.Time, seq uint64, q Dimension) {
 	if q.Limit > 0 {
-		d.hdrLimit = q.Limit
+		d.hdrLimit, d.hdrWindow = q.Limit, q.Window
 	}
 	if q.Remaining < 0 {
 		return
@@ -894,7 +929,7 @@ func (t *Throttle) start(now time.Time, costs [numDims]int64, p Priority) (Permi
 		n := now.UnixNano()
 		for i := range t.dims {
 			if lim := t.dims[i].limit(); lim > 0 {
-				iv := float64(costs[i]) * float64(Window) / (float64(lim) * subWindowPace)
+				iv := float64(costs[i]) * float64(t.dims[i].window()) / (float64(lim) * subWindowPace)
 				intervals[i] = int64(math.Min(iv, float64(MaxReset)))
 				if tat := t.dims[i].tat; tat > n {
 					wait = max(wait, time.Duration(tat-n))
