@@ -1238,7 +1238,10 @@ type ietfPolicy struct {
 	name string
 	q    int64
 	win  time.Duration // w, 0 if absent or malformed
-	dim  int           // dimTokens, dimRequests, or -1 for units we do not pace
+	// dim is dimTokens or dimRequests; -1 for units we do not pace and
+	// for a malformed policy, whose RateLimit items are then ignored
+	// rather than read as requests.
+	dim  int
 	used bool
 }
 
@@ -1281,7 +1284,7 @@ func (p *parser) windowParam(m *sfPick) time.Duration {
 // the policy they name (sections 3.1 and 4.1); an item without t (or with
 // a malformed one) ends at the latest at its policy's w (windowReset). An
 // item naming no policy sent is a request quota of unknown limit and
-// window. Then the draft-03..06
+// window; one naming a malformed policy is ignored. Then the draft-03..06
 // RateLimit-{Limit,Remaining,Reset}, whose window is the w of the
 // RateLimit-Policy item ("10;w=1") or RateLimit-Limit list member that has
 // its limit.
@@ -1303,10 +1306,8 @@ func (p *parser) parseIETF() {
 				switch {
 				case !ok || qv.kind != sfInteger || qv.i <= 0 || qv.i > MaxQuotaValue:
 					p.malformed++
-					continue
 				case uok && u.kind != sfString && u.kind != sfToken:
 					p.malformed++
-					continue
 				default:
 					if !uok {
 						u.s = ""

@@ -76,6 +76,17 @@ func TestIETFWindowStatedByThePolicy(t *testing.T) {
 	}
 }
 
+// A RateLimit item naming a policy that is malformed (here without its
+// required q) is ignored: it was read as a request figure, and this token
+// policy's r=0 stopped every call for its t.
+func TestIETFItemOfMalformedPolicyIgnored(t *testing.T) {
+	q := ParseHeaders(hdr(`RateLimit-Policy: "t";qu="tokens";w=60`, `RateLimit: "t";r=0;t=30`), NOW)
+	want := Quota{Tokens: none, Requests: none, Input: none, Output: none, Malformed: 1}
+	if diff := cmp.Diff(want, q); diff != "" {
+		t.Fatalf("ParseHeaders (-want +got):\n%s", diff)
+	}
+}
+
 // Limit-only policies of one dimension: the one with the lower rate binds
 // in the long run (a daily quota of 1000, not a per-second one of 100);
 // for equal rates the smaller limit.

@@ -407,7 +407,7 @@ type refIetfPolicy struct {
 	name string
 	q    int64
 	win  time.Duration
-	dim  int // dimTokens, dimRequests, or -1 for units we do not pace
+	dim  int // dimTokens, dimRequests, or -1 for units we do not pace and malformed policies
 	used bool
 }
 
@@ -495,8 +495,8 @@ func (p *refParser) parseIETF() {
 				default:
 					pol.q, pol.dim = qv.i, refIetfUnit(u.s)
 					pol.win = p.windowParam(m)
-					policies = append(policies, pol)
 				}
+				policies = append(policies, pol)
 			case sfInteger:
 				if m.item.i <= 0 || m.item.i > MaxQuotaValue {
 					p.malformed++
