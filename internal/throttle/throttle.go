@@ -621,9 +621,16 @@ func (d *dimension) entry(seq uint64) *entry {
 
 // prune drops entries outside the window that no figure still needs. The
 // log keeps at least Window of starts (Throttle.advanceFloor reads the
-// tokens log over Window), and a stated window's when longer: a daily
-// quota keeps a day of starts, at most about its limit (the starts its
-// window admits), 56 bytes each.
+// tokens log over Window), and a stated window's when longer (a daily
+// quota keeps up to a day of starts, 56 bytes each).
+//
+// Past Window the log keeps at most MaxLongWindowStarts starts, so that a
+// stated window of a day at a high call rate cannot grow the log without
+// bound (8.6 million starts, 480 MB, at 100 calls a second): the oldest
+// starts beyond Window are dropped first, and a count over the longer
+// window then covers only the latest MaxLongWindowStarts starts and
+// Window's. The provider's remaining figures, which govern whenever they
+// are fresh, are unaffected.
 func (d *dimension) prune(now time.Time) {
 	from := now.Add(-max(Window, d.window())).UnixNano()
 	fresh := d.fresh(now)
@@ -634,7 +641,20 @@ func (d *dimension) prune(now time.Time) {
 		}
 		d.log.popFront()
 	}
+	minute := now.Add(-Window).UnixNano()
+	for d.log.len() > MaxLongWindowStarts {
+		e := d.log.at(0)
+		if e.at > minute || (fresh && e.seq >= d.figFloor) {
+			break
+		}
+		d.log.popFront()
+	}
 }
+
+// MaxLongWindowStarts bounds the starts a dimension's log keeps beyond
+// Window for a stated window longer than Window (dimension.prune): 2^18
+// starts, 14 MiB at most per dimension.
+const MaxLongWindowStarts = 1 << 18
 
 // apply takes a response's figure for this dimension. seq is the permit of
 // the response (0: a call not started here, which covers no local start).
