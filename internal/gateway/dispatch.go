@@ -661,7 +661,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		d.requeueNow(fj, job.Attempts)
 		return
 	}
-	if q.Tokens.Known() || q.Requests.Known() {
+	if q.Known() {
 		c.model.Throttle.Observe(now, c.permit, q)
 	}
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, g.maxResp+1))

@@ -126,7 +126,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		g.refuse(w, t, upstreamQuotaError(m.Throttle.PausedUntil().Sub(now)))
 		return
 	}
-	if q.Tokens.Known() || q.Requests.Known() {
+	if q.Known() {
 		m.Throttle.Observe(now, c.permit, q)
 	}
 	if isAuthRefusal(resp.StatusCode) {
@@ -266,7 +266,7 @@ func putRespBuf(b []byte) {
 // pausing the model.
 func (g *Gateway) providerRefusedTooLarge(now time.Time, c *call, q throttle.Quota, limit int64) {
 	c.model.ObserveTokenLimit(limit)
-	if q.Tokens.Known() || q.Requests.Known() {
+	if q.Known() {
 		c.model.Throttle.Observe(now, c.permit, q)
 	}
 	c.settle(settleRejected, limiter.Usage{})

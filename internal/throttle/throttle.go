@@ -805,7 +805,12 @@ func (t *Throttle) tokensSplit(now time.Time) bool {
 }
 
 // quotaKnown reports whether q carries a figure in any dimension.
-func quotaKnown(q Quota) bool {
+func quotaKnown(q Quota) bool { return q.Known() }
+
+// Known reports whether q carries a figure in any dimension (tokens,
+// requests, or Anthropic's input and output tokens): a response whose
+// Quota is Known is one to pass to Throttle.Observe.
+func (q Quota) Known() bool {
 	return q.Tokens.Known() || q.Requests.Known() || q.Input.Known() || q.Output.Known()
 }
 
