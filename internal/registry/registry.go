@@ -67,6 +67,7 @@ type Tenant struct {
 	policy  atomic.Pointer[TenantPolicy]
 	removed atomic.Bool
 
+	// The cumulative counters (Counters); see countersSeeded.
 	completed, expired, rejections, tokensUsed, dryRunRejections atomic.Int64
 
 	// clock stamps the rejections counted into usage; usage is the ring of
@@ -93,6 +94,12 @@ type Tenant struct {
 	// UpsertTenant configures the queue (guarded by the queue's lock,
 	// Registry.qmu; zero until then).
 	qref fairqueue.TenantRef
+
+	// countersSeeded: SeedCounters added a base to the counters;
+	// counterMu serialises SeedCounters and resetCounters (the data plane
+	// adds to the counters without it).
+	countersSeeded atomic.Bool
+	counterMu      sync.Mutex
 }
 
 // Enqueue queues j, a job of this tenant, on q, the pool's fair queue as
@@ -512,6 +519,12 @@ type Registry struct {
 
 	inFlight          atomic.Int64
 	upstreamThrottled atomic.Int64
+	// throttledMu guards throttledSeeded and throttledUID: whether
+	// SeedUpstreamThrottled has seeded upstreamThrottled, and for which
+	// ProviderPool UID.
+	throttledMu     sync.Mutex
+	throttledSeeded bool
+	throttledUID    string
 }
 
 // New returns an empty registry reading time from clk, with a fair queue of
@@ -801,6 +814,12 @@ func (r *Registry) UpsertTenant(p TenantPolicy) error {
 		cur.usage.Store(usage.NewRing(r.usageConfig().Window))
 		r.tenants[p.ID] = cur
 	} else {
+		if !sameObject(cur.Policy(), &p) {
+			// Another TenantQuota from now on (deleted and created again
+			// under the name, or one created earlier taking the tenant id
+			// over): its counters start from 0, and from its own status.
+			cur.resetCounters()
+		}
 		cur.Limiter.Update(now, p.Limits)
 		for _, h := range cur.Policy().KeyHashes {
 			delete(r.keys, h)

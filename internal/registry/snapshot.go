@@ -20,7 +20,8 @@ type Snapshot struct {
 	// Backlog is the number of queued jobs (in the fair queue or, see
 	// Registry.SetQueuedOutside, outside it, such as those waiting for a
 	// retry backoff); InFlight the upstream calls in
-	// flight; UpstreamThrottled the upstream 429s since start.
+	// flight; UpstreamThrottled the upstream 429s counted since the
+	// registry was created, plus the base SeedUpstreamThrottled set.
 	Backlog, InFlight, UpstreamThrottled int64
 	// Tenants, sorted by id.
 	Tenants []TenantSnapshot
@@ -40,12 +41,16 @@ type TenantSnapshot struct {
 	Queued int64
 	// Limiter figures (in flight, KV blocks, tokens remaining, ...).
 	Limiter limiter.Snapshot
-	// Counters since the scheduler started: finished jobs, expired jobs,
-	// rejections, weighted tokens used.
+	// Cumulative counters (Tenant.Counters): finished jobs, expired jobs,
+	// rejections, weighted tokens used, and DryRunRejections, requests and
+	// jobs Enforce would have refused (DryRun mode). They count from the
+	// tenant's creation in this registry, plus the base of SeedCounters
+	// once CountersSeeded.
 	Completed, Expired, Rejections, TokensUsed int64
-	// DryRunRejections: requests and jobs Enforce would have refused
-	// (DryRun mode), since the scheduler started.
-	DryRunRejections int64
+	DryRunRejections                           int64
+	// CountersSeeded: the counters include the base SeedCounters added
+	// (Tenant.CountersSeeded, read before them).
+	CountersSeeded bool
 	// DryRun: the tenant's mode is DryRun.
 	DryRun bool
 	// Limits are the tenant's limits in force (TenantPolicy.Limits; do not
@@ -125,12 +130,14 @@ func (r *Registry) Snapshot(now time.Time) Snapshot {
 	evals := usage.Evaluate(ucfg, uin)
 	for i, t := range tenants {
 		p := t.Policy()
+		seeded := t.CountersSeeded() // before the counters (SeedCounters)
+		c := t.Counters()
 		ts := TenantSnapshot{
 			ID: t.ID, Name: p.Name, Generation: p.Generation, Queued: queued[i],
 			Limiter:   t.Limiter.Snapshot(now),
-			Completed: t.completed.Load(), Expired: t.expired.Load(),
-			Rejections: t.rejections.Load(), TokensUsed: t.tokensUsed.Load(),
-			DryRunRejections: t.dryRunRejections.Load(), DryRun: p.DryRun,
+			Completed: c.Completed, Expired: c.Expired,
+			Rejections: c.Rejections, TokensUsed: c.TokensUsed,
+			DryRunRejections: c.DryRunRejections, CountersSeeded: seeded, DryRun: p.DryRun,
 			Limits: p.Limits, KeyIssue: p.KeyIssue,
 			Usage: evals[i],
 		}
