@@ -174,8 +174,23 @@ func (s *State) pool() (int64, error) {
 //     the old one is forgotten, and its status read again. An object the
 //     API server no longer has (NotFound on write) is forgotten too, and
 //     so is everything while the ProviderPool is found deleted (the
-//     operator then removes this writer's fields; a pool created again
-//     has every status read again).
+//     operator then removes this writer's fields but the budget and the
+//     counters; a pool created again has every status read again).
+//   - Cumulative counters (a TenantQuota's completedJobs, expiredJobs,
+//     rejections, tokensUsed and dryRunRejections; the pool's
+//     upstreamThrottled) go on from what the status held when this writer
+//     first read it: the registry's counts, kept from the process's start
+//     (or the tenant's creation), are seeded once with it (carry,
+//     registry.Tenant.SeedCounters, Registry.SeedUpstreamThrottled) before
+//     the object's first write, and an object whose status was not read
+//     is not written. A restarted scheduler, or a standby that takes the
+//     Lease, thus neither restarts them from 0 nor counts twice what the
+//     previous writer wrote; what that one counted after its last write is
+//     lost (a crash; at shutdown, what its final pass does not write). A
+//     TenantQuota or ProviderPool created again under its name (a new UID)
+//     starts from 0 (registry.Registry.UpsertTenant resets the tenant's
+//     counters). A tenant in an error state keeps its counters in status,
+//     as its budget.
 //
 // Conditions keep their lastTransitionTime unless their status flips; a
 // flip not yet written keeps the time the scheduler first saw it.
@@ -230,7 +245,8 @@ type StatusWriter struct {
 type objState struct {
 	kind, name string
 	// uid is the object's UID as read on first sight (events name it, so
-	// that kubectl describe lists them); empty when unreadable.
+	// that kubectl describe lists them; the counters are carried for it);
+	// empty when unreadable.
 	uid types.UID
 	// regUID is the object's UID as the registry last had it
 	// (ObjectSnapshot.UID); empty for the pool or when unknown.
@@ -240,6 +256,24 @@ type objState struct {
 	// in the status of a tenant in an error state, so that the next
 	// scheduler's budget seed survives).
 	budget, lastBudget *v1alpha1.BudgetStatus
+	// read: the status was read at the last load (first sight, or a
+	// check); an unread object is read again at the next pass.
+	read bool
+	// base is a TenantQuota's cumulative counters as the API server holds
+	// them (last read or written): a served tenant whose counters the
+	// registry has not seeded yet is seeded from it (carry), so that they
+	// go on from what an earlier scheduler, or this one for a tenant the
+	// registry has since dropped and loaded again, reported. lastCounts
+	// are the counter fields of the status last built for the tenant
+	// while served, or read: kept in the status of a tenant in an error
+	// state and not served, as lastBudget.
+	base       *registry.Counters
+	lastCounts statusCounts
+	// throttledBase is the ProviderPool's status.upstreamThrottled as last
+	// read, not yet given to the registry (SeedUpstreamThrottled, next
+	// pass); carried: it was, so the pool's status may be written.
+	throttledBase *int64
+	carried       bool
 	// known: payload, at and conds describe the scheduler's part of the
 	// status on the API server (last written, or read on first sight).
 	known   bool
@@ -446,10 +480,11 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 		// The ProviderPool is deleted and this scheduler with it (its
 		// Deployment is garbage-collected): the operator has set the
 		// tenants' Serving to False PoolNotFound and removed this
-		// writer's fields, and a write now would bring back a Serving
-		// True that nothing would correct. What the writer knew of the
-		// objects is forgotten: the operator removes this writer's fields
-		// from the tenants meanwhile, so should the pool come back (deleted
+		// writer's fields (but status.budget and the counters), and a
+		// write now would bring back a Serving True that nothing would
+		// correct. What the writer knew of the objects is forgotten: the
+		// operator removes this writer's fields from the tenants
+		// meanwhile, so should the pool come back (deleted
 		// and created again while this scheduler still runs), every
 		// object's status is read again and written where it differs,
 		// rather than taken for the one last written here.
@@ -478,6 +513,14 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 		}
 		key := "TenantQuota/" + o.Name
 		ob := w.object(ctx, now, "TenantQuota", o.Name, o.UID)
+		seen[key] = struct{}{}
+		if !ob.read || (served && !w.carry(ob, &t)) {
+			// Its counters do not include what its status holds yet
+			// (unread, or the registry still serves the object it
+			// replaced): written once they do, never below the status.
+			ob.clean()
+			continue
+		}
 		if o.Err != nil {
 			reason := v1alpha1.ReasonInvalidSpec
 			if errors.Is(o.Err, registry.ErrDuplicateTenantID) {
@@ -492,6 +535,13 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 				st.Budget = budgetStatus(t.Budget)
 			} else if ob.lastBudget != nil {
 				st.Budget = ob.lastBudget.DeepCopy()
+			}
+			// And the counters, so that they neither vanish nor restart
+			// from 0 for the next scheduler.
+			if served {
+				setCounters(&st, &t)
+			} else {
+				ob.lastCounts.set(&st)
 			}
 		} else {
 			serving := cond(v1alpha1.ConditionServing, true, t.Generation, v1alpha1.ReasonLoaded, fmt.Sprintf("The scheduler serves generation %d.", t.Generation))
@@ -514,10 +564,7 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 			if t.Limiter.RequestsRemaining >= 0 {
 				st.RequestsRemaining = ptr(t.Limiter.RequestsRemaining)
 			}
-			st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed = ptr(t.Completed), ptr(t.Expired), ptr(t.Rejections), ptr(t.TokensUsed)
-			if t.DryRun || t.DryRunRejections > 0 {
-				st.DryRunRejections = ptr(t.DryRunRejections)
-			}
+			setCounters(&st, &t)
 			if t.Budget != nil {
 				st.Budget = budgetStatus(t.Budget)
 			}
@@ -525,24 +572,35 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 			st.Usage = u
 			st.Conditions = append(st.Conditions, uc)
 		}
+		if served {
+			ob.lastCounts = countsOf(&st)
+		}
 		if err := w.stage(now, ob, false, &st.Conditions, st.Budget, func(last *metav1.Time) any {
 			st.LastReportTime = last
 			return &st
 		}); err != nil {
 			errs = append(errs, err)
 		}
-		seen[key] = struct{}{}
 	}
 
-	ps := w.poolStatus(snap)
 	po := w.object(ctx, now, "ProviderPool", w.PoolName, "")
-	if err := w.stage(now, po, true, &ps.Conditions, nil, func(last *metav1.Time) any {
-		ps.LastReportTime = last
-		return &ps
-	}); err != nil {
-		errs = append(errs, err)
-	}
 	seen["ProviderPool/"+w.PoolName] = struct{}{}
+	if po.throttledBase != nil {
+		// The snapshot was taken before: it gets what the seed adds.
+		snap.UpstreamThrottled += w.Registry.SeedUpstreamThrottled(string(po.uid), *po.throttledBase)
+		po.throttledBase, po.carried = nil, true
+	}
+	if po.carried {
+		ps := w.poolStatus(snap)
+		if err := w.stage(now, po, true, &ps.Conditions, nil, func(last *metav1.Time) any {
+			ps.LastReportTime = last
+			return &ps
+		}); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		po.clean() // status unread: its upstreamThrottled is not carried yet
+	}
 	for key := range w.objs {
 		if _, ok := seen[key]; !ok {
 			delete(w.objs, key) // deleted, or no longer this writer's
@@ -554,6 +612,78 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 		errs = append(errs, err)
 	}
 	return res, errors.Join(errs...)
+}
+
+// carry makes sure that the counters of t, a served tenant as the pass's
+// snapshot holds it, include what the status of its TenantQuota held when
+// o (the writer's state of that object) was first read: when the registry
+// says they do not yet, it seeds them from o.base
+// (registry.Tenant.SeedCounters, once per tenant and object) and adds what
+// that added to t's figures (taken before). It reports false when the
+// counters cannot include it yet: the status has not been read, or the
+// registry's tenant serves another object of that name (not yet the one
+// read, created again under the name).
+func (w *StatusWriter) carry(o *objState, t *registry.TenantSnapshot) bool {
+	if t.CountersSeeded {
+		return true
+	}
+	if o.base == nil {
+		return false
+	}
+	rt := w.Registry.Tenant(t.ID)
+	if rt == nil {
+		return false
+	}
+	added, ok := rt.SeedCounters(string(o.uid), *o.base)
+	if !ok {
+		return false
+	}
+	t.Completed += added.Completed
+	t.Expired += added.Expired
+	t.Rejections += added.Rejections
+	t.TokensUsed += added.TokensUsed
+	t.DryRunRejections += added.DryRunRejections
+	t.CountersSeeded = true
+	return true
+}
+
+// setCounters sets st's cumulative counters from the served tenant t:
+// completedJobs, expiredJobs, rejections and tokensUsed always,
+// dryRunRejections when the tenant is in DryRun mode or has any.
+func setCounters(st *tenantStatus, t *registry.TenantSnapshot) {
+	st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed = ptr(t.Completed), ptr(t.Expired), ptr(t.Rejections), ptr(t.TokensUsed)
+	if t.DryRun || t.DryRunRejections > 0 {
+		st.DryRunRejections = ptr(t.DryRunRejections)
+	}
+}
+
+// statusCounts are the cumulative counter fields of a TenantQuota status
+// (nil: absent), kept for a tenant that is not served (see objState).
+type statusCounts struct {
+	completed, expired, rejections, tokensUsed, dryRunRejections *int64
+}
+
+// countsOf returns the counter fields of st.
+func countsOf(st *tenantStatus) statusCounts {
+	return statusCounts{st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed, st.DryRunRejections}
+}
+
+// set sets the counter fields of st to c.
+func (c statusCounts) set(st *tenantStatus) {
+	st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed, st.DryRunRejections = c.completed, c.expired, c.rejections, c.tokensUsed, c.dryRunRejections
+}
+
+// base returns the counters c holds (absent: 0), as the base a scheduler
+// carries on from (registry.Tenant.SeedCounters).
+func (c statusCounts) base() *registry.Counters {
+	v := func(p *int64) int64 {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	return &registry.Counters{Completed: v(c.completed), Expired: v(c.expired), Rejections: v(c.rejections),
+		TokensUsed: v(c.tokensUsed), DryRunRejections: v(c.dryRunRejections)}
 }
 
 // budgetStatus is a tenant's status.budget from the registry's figures.
@@ -577,10 +707,11 @@ func (w *StatusWriter) object(ctx context.Context, now time.Time, kind, name, ui
 		w.load(ctx, o)
 		o.checked = now
 		w.objs[key] = o
-	} else if o.dirtySince.IsZero() && now.Sub(o.checked) >= w.forceRefresh() {
+	} else if !o.read || (o.dirtySince.IsZero() && now.Sub(o.checked) >= w.forceRefresh()) {
 		// Clean for ForceRefresh: check that the API server still holds
 		// what was written (another replica leading during a partition,
-		// or a hand edit, may have changed it since).
+		// or a hand edit, may have changed it since). Unread: the counters
+		// cannot be carried on before it is read.
 		w.load(ctx, o)
 		o.checked = now
 	}
@@ -903,30 +1034,43 @@ func (w *StatusWriter) commit(key string, o *objState, at time.Time, err error) 
 	}
 	w.recordTransitions(o)
 	o.known, o.payload, o.at, o.checked, o.budget = true, o.pending, at, at, o.pendingBudget
+	if o.kind == "TenantQuota" {
+		o.base = o.lastCounts.base() // the counters of the payload written
+	}
 	o.conds = append(o.conds[:0], o.pendingConds...)
 	o.clean()
 	return true, nil
 }
 
 // load reads the object's current status on first sight (to keep its
-// conditions' lastTransitionTime across a scheduler restart, and to skip
-// writing a status the API server already holds); nothing when unreadable.
+// conditions' lastTransitionTime across a scheduler restart, to carry its
+// counters on, and to skip writing a status the API server already holds);
+// nothing but o.read false when unreadable.
 func (w *StatusWriter) load(ctx context.Context, o *objState) {
 	key := client.ObjectKey{Namespace: w.Namespace, Name: o.name}
 	switch o.kind {
 	case "TenantQuota":
 		var obj v1alpha1.TenantQuota
-		if w.Client.Get(ctx, key, &obj) == nil {
+		o.read = w.Client.Get(ctx, key, &obj) == nil
+		if o.read {
 			o.conds, o.server, o.uid = obj.Status.Conditions, &obj.Status, obj.UID
 			o.budget, o.lastBudget = obj.Status.Budget, obj.Status.Budget
+			o.lastCounts = countsOf(&obj.Status)
+			o.base = o.lastCounts.base()
 			if t := obj.Status.LastReportTime; t != nil {
 				o.at = t.Time
 			}
 		}
 	case "ProviderPool":
 		var obj v1alpha1.ProviderPool
-		if w.Client.Get(ctx, key, &obj) == nil {
-			o.conds, o.server = obj.Status.Conditions, &obj.Status
+		o.read = w.Client.Get(ctx, key, &obj) == nil
+		if o.read {
+			o.conds, o.server, o.uid = obj.Status.Conditions, &obj.Status, obj.UID
+			var throttled int64
+			if p := obj.Status.UpstreamThrottled; p != nil {
+				throttled = *p
+			}
+			o.throttledBase = &throttled
 			if t := obj.Status.LastReportTime; t != nil {
 				o.at = t.Time
 			}
