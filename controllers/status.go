@@ -104,27 +104,40 @@ func applyStatus(ctx context.Context, c client.Client, scheme *runtime.Scheme, o
 
 // clearSchedulerStatus removes the status fields tq holds under field
 // manager v1alpha1.FieldManagerScheduler (conditions Serving and Throttled,
-// usage, backlog, quota remaining), all but status.budget, by applying as
-// that manager an object whose status has only the budget. The operator
-// calls it when the scheduler that wrote them is gone with its pool:
-// nothing else would ever take them back. status.budget stays, owned by
-// the scheduler's field manager as before, because it is the period's
-// spend the next scheduler seeds its budgets from (docs/api.md). It
-// reports whether it wrote: it makes no API call when the scheduler owns
-// no other status field (schedulerOwnsStatus). On a write, tq's
-// resourceVersion becomes the written object's. It returns the API
-// server's error, if any.
+// usage, backlog, quota remaining), all but status.budget and the
+// cumulative counters (keptSchedulerFields), by applying as that manager
+// an object whose status has only those. The operator calls it when the
+// scheduler that wrote them is gone with its pool: nothing else would ever
+// take them back. status.budget and the counters stay, owned by the
+// scheduler's field manager as before, because the next scheduler (of the
+// pool created again) carries on from them: the budget is the period's
+// spend it seeds its budgets from, the counters (completedJobs,
+// expiredJobs, rejections, tokensUsed, dryRunRejections) count from the
+// TenantQuota's creation (docs/api.md). It reports whether it wrote: it
+// makes no API call when the scheduler owns no other status field
+// (schedulerOwnsStatus). On a write, tq's resourceVersion becomes the
+// written object's. It returns the API server's error, if any.
 func clearSchedulerStatus(ctx context.Context, c client.Client, tq *v1alpha1.TenantQuota) (bool, error) {
 	if !schedulerOwnsStatus(tq.GetManagedFields()) {
 		return false, nil
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{}}
+	status := map[string]any{}
 	if tq.Status.Budget != nil {
 		b, err := runtime.DefaultUnstructuredConverter.ToUnstructured(tq.Status.Budget)
 		if err != nil {
 			return false, fmt.Errorf("converting status.budget: %w", err)
 		}
-		u.Object["status"] = map[string]any{"budget": b}
+		status["budget"] = b
+	}
+	for name, v := range map[string]*int64{"completedJobs": tq.Status.CompletedJobs, "expiredJobs": tq.Status.ExpiredJobs,
+		"rejections": tq.Status.Rejections, "tokensUsed": tq.Status.TokensUsed, "dryRunRejections": tq.Status.DryRunRejections} {
+		if v != nil {
+			status[name] = *v
+		}
+	}
+	if len(status) > 0 {
+		u.Object["status"] = status
 	}
 	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("TenantQuota"))
 	u.SetName(tq.Name)
@@ -139,11 +152,20 @@ func clearSchedulerStatus(ctx context.Context, c client.Client, tq *v1alpha1.Ten
 	return true, nil
 }
 
+// keptSchedulerFields are the TenantQuota status fields (as field set
+// keys) of the scheduler's field manager that clearSchedulerStatus keeps:
+// the budget and the cumulative counters.
+var keptSchedulerFields = map[string]bool{
+	".": true, "f:budget": true, "f:completedJobs": true, "f:expiredJobs": true,
+	"f:rejections": true, "f:tokensUsed": true, "f:dryRunRejections": true,
+}
+
 // schedulerOwnsStatus reports whether managed (an object's
 // metadata.managedFields) gives field manager
-// v1alpha1.FieldManagerScheduler any status field other than
-// status.budget on the status subresource. An entry whose field set
-// cannot be read counts as owning some.
+// v1alpha1.FieldManagerScheduler any status field other than those of
+// keptSchedulerFields (status.budget and the cumulative counters) on the
+// status subresource. An entry whose field set cannot be read counts as
+// owning some.
 func schedulerOwnsStatus(managed []metav1.ManagedFieldsEntry) bool {
 	for _, mf := range managed {
 		if mf.Manager != v1alpha1.FieldManagerScheduler || mf.Subresource != "status" {
@@ -159,7 +181,7 @@ func schedulerOwnsStatus(managed []metav1.ManagedFieldsEntry) bool {
 			return true
 		}
 		for k := range set.Status {
-			if k != "f:budget" && k != "." {
+			if !keptSchedulerFields[k] {
 				return true
 			}
 		}

@@ -385,7 +385,8 @@ func TestRetryOnConflict(t *testing.T) {
 }
 
 // TestSchedulerOwnsStatus: only status fields of the scheduler's field
-// manager on the status subresource other than status.budget count.
+// manager on the status subresource other than status.budget and the
+// cumulative counters count.
 func TestSchedulerOwnsStatus(t *testing.T) {
 	entry := func(manager, sub, raw string) metav1.ManagedFieldsEntry {
 		return metav1.ManagedFieldsEntry{Manager: manager, Subresource: sub, FieldsV1: &metav1.FieldsV1{Raw: []byte(raw)}}
@@ -399,6 +400,10 @@ func TestSchedulerOwnsStatus(t *testing.T) {
 			`{"f:status":{"f:backlog":{},"f:conditions":{"k:{\"type\":\"Serving\"}":{}}}}`)}, true},
 		"budget only": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status",
 			`{"f:status":{".":{},"f:budget":{"f:used":{}}}}`)}, false},
+		"budget and counters": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status",
+			`{"f:status":{".":{},"f:budget":{"f:used":{}},"f:completedJobs":{},"f:expiredJobs":{},"f:rejections":{},"f:tokensUsed":{},"f:dryRunRejections":{}}}`)}, false},
+		"counters and backlog": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "status",
+			`{"f:status":{"f:completedJobs":{},"f:backlog":{}}}`)}, true},
 		"the operator's fields": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerController, "status",
 			`{"f:status":{"f:conditions":{}}}`)}, false},
 		"the scheduler's, not on status": {[]metav1.ManagedFieldsEntry{entry(v1alpha1.FieldManagerScheduler, "",

@@ -53,8 +53,9 @@ func TestTenantQuotaPoolNotFoundRecovers(t *testing.T) {
 // goes with the pool and cannot say so): the operator sets Serving=False
 // PoolNotFound, and every status field the scheduler wrote (backlog here)
 // is removed but status.budget, the period's spend the next scheduler
-// seeds its budgets from. When the pool is created again the operator's Serving entry
-// is removed, and the new scheduler's write is taken as is.
+// seeds its budgets from, and the cumulative counters the next scheduler
+// carries on from. When the pool is created again the operator's Serving
+// entry is removed, and the new scheduler's write is taken as is.
 func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	requireEnv(t)
 	ns := newNamespace(t)
@@ -63,9 +64,10 @@ func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	create(t, tq)
 	eventually(t, "Accepted", wantCondition(tq, v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
 	schedulerApply(t, "TenantQuota", ns, "acme", map[string]any{
-		"backlog":    int64(5),
-		"budget":     map[string]any{"used": int64(900), "remaining": int64(100), "resetTime": "2026-01-02T00:00:00Z"},
-		"conditions": []any{schedulerCondition(v1alpha1.ConditionServing, v1alpha1.ReasonLoaded)},
+		"backlog":       int64(5),
+		"budget":        map[string]any{"used": int64(900), "remaining": int64(100), "resetTime": "2026-01-02T00:00:00Z"},
+		"conditions":    []any{schedulerCondition(v1alpha1.ConditionServing, v1alpha1.ReasonLoaded)},
+		"completedJobs": int64(42), "expiredJobs": int64(3), "rejections": int64(17), "tokensUsed": int64(123456),
 	})
 	eventually(t, "Serving=True from the scheduler", wantCondition(tq, v1alpha1.ConditionServing, metav1.ConditionTrue, v1alpha1.ReasonLoaded))
 	if tq.Status.Backlog == nil || *tq.Status.Backlog != 5 {
@@ -85,6 +87,11 @@ func TestTenantQuotaServingWhenPoolDeleted(t *testing.T) {
 	}
 	if b := tq.Status.Budget; b == nil || b.Used == nil || *b.Used != 900 || b.Remaining == nil || *b.Remaining != 100 {
 		t.Errorf("budget %+v after the pool is gone, want the period's spend kept (used 900, remaining 100)", b)
+	}
+	if st := tq.Status; st.CompletedJobs == nil || *st.CompletedJobs != 42 || st.ExpiredJobs == nil || *st.ExpiredJobs != 3 ||
+		st.Rejections == nil || *st.Rejections != 17 || st.TokensUsed == nil || *st.TokensUsed != 123456 || st.DryRunRejections != nil {
+		t.Errorf("counters after the pool is gone: completedJobs %v expiredJobs %v rejections %v tokensUsed %v dryRunRejections %v; want 42 3 17 123456 and none kept",
+			st.CompletedJobs, st.ExpiredJobs, st.Rejections, st.TokensUsed, st.DryRunRejections)
 	}
 	if schedulerOwnsStatus(tq.ManagedFields) {
 		t.Errorf("the scheduler still owns status fields other than the budget after its pool is gone: %+v", tq.ManagedFields)
