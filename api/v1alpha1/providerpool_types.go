@@ -673,7 +673,9 @@ type ProviderPoolStatus struct {
 	Tenants *int64 `json:"tenants,omitempty"`
 
 	// upstreamThrottled is the number of 429 responses from the provider since
-	// the scheduler started.
+	// the ProviderPool was created: a scheduler that restarts, or a standby
+	// that takes the Lease, carries on from the figure in status (what the
+	// previous one counted after its last status write is lost).
 	// +optional
 	UpstreamThrottled *int64 `json:"upstreamThrottled,omitempty"`
 

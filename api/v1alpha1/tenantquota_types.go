@@ -317,6 +317,14 @@ type TenantUsageStatus struct {
 // TenantQuotaStatus is the observed state of a tenant. Conditions Accepted and
 // Ready are written by the operator; Serving, Throttled and the live figures
 // by the pool's scheduler.
+//
+// The counters completedJobs, expiredJobs, rejections, tokensUsed and
+// dryRunRejections are cumulative from the TenantQuota's creation: a
+// scheduler that restarts, or a standby that takes the pool's Lease, carries
+// on from the figures in status, so they never go backwards; what the
+// previous scheduler counted after its last status write is lost. They are
+// kept while the spec cannot be served and while the pool is deleted. A
+// TenantQuota deleted and created again under its name starts from 0.
 type TenantQuotaStatus struct {
 	// conditions: Accepted, Ready (operator); Serving, Throttled,
 	// UsageOutlier (scheduler).
@@ -352,23 +360,27 @@ type TenantQuotaStatus struct {
 	RequestsRemaining *int64 `json:"requestsRemaining,omitempty"`
 
 	// dryRunRejections is the tenant's requests and jobs that Enforce would
-	// have refused, since the scheduler started (spec.mode DryRun).
+	// have refused (spec.mode DryRun), since the TenantQuota was created.
 	// +optional
 	DryRunRejections *int64 `json:"dryRunRejections,omitempty"`
 
-	// completedJobs is the tenant's batch jobs that finished, since the scheduler started.
+	// completedJobs is the tenant's batch jobs that finished (succeeded or
+	// failed), since the TenantQuota was created.
 	// +optional
 	CompletedJobs *int64 `json:"completedJobs,omitempty"`
 
-	// expiredJobs is the tenant's batch jobs that reached their deadline unsent.
+	// expiredJobs is the tenant's batch jobs that reached their deadline
+	// unsent, since the TenantQuota was created.
 	// +optional
 	ExpiredJobs *int64 `json:"expiredJobs,omitempty"`
 
-	// rejections is the tenant's requests and jobs refused by limits.
+	// rejections is the tenant's requests and jobs refused by its own
+	// limits, since the TenantQuota was created.
 	// +optional
 	Rejections *int64 `json:"rejections,omitempty"`
 
-	// tokensUsed is the weighted tokens the tenant spent (after refunds).
+	// tokensUsed is the weighted tokens the tenant spent (after refunds),
+	// since the TenantQuota was created.
 	// +optional
 	TokensUsed *int64 `json:"tokensUsed,omitempty"`
 
