@@ -99,7 +99,7 @@ test-restart: tools ## Kill -9 the scheduler mid-import on the real control plan
 	$(GO) test -count=1 -timeout 10m -v ./test/restart/...
 
 .PHONY: test-ha
-test-ha: tools ## Two scheduler replicas on the real control plane: one Lease holder serves and writes status; kill -9 the leader mid-backlog, the standby takes over within the lease bound with no job lost (about 1.5 min).
+test-ha: tools ## Two scheduler replicas on the real control plane: one Lease holder serves and writes status; kill -9 the leader mid-backlog, the standby takes over within the lease bound with no job lost and the status counters never go backwards (about 2 min).
 	$(GO) test -count=1 -timeout 10m -v ./test/ha/...
 
 .PHONY: test-faults

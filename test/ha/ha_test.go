@@ -7,17 +7,21 @@
 // batch backlog the standby acquires the Lease within LeaseDuration + RetryPeriod (the
 // controller-runtime defaults 15 s and 2 s, plus a margin), opens the store once the
 // dead process's file lock is gone, recovers the queued and running jobs, and every
-// submitted job ends exactly once in the record (at-least-once toward the provider); a
-// restarted former leader stays standby.
+// submitted job ends exactly once in the record (at-least-once toward the provider); the
+// tenants' status.completedJobs never goes backwards across the failover (the new leader
+// carries on from what the old one wrote, losing only what it finished after its last
+// write); a restarted former leader stays standby.
 package ha
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -153,6 +157,10 @@ func TestLeaderFailover(t *testing.T) {
 	total := len(tenants) * jobsPerTenant
 	reportBefore := poolReportTime(ctx, t, cp)
 	logf("submitted %d jobs (%d per tenant) through A", total, jobsPerTenant)
+	// From now to the end, every 200 ms: the tenants' status.completedJobs never
+	// decreases, whoever writes it.
+	watch := watchCompleted(ctx, cp)
+	defer watch.stop()
 
 	// While the backlog drains (its figures change, so the leader writes status every
 	// statusIntervalSeconds), the roles hold; kill -9 the leader once the simulator has
@@ -179,6 +187,7 @@ func TestLeaderFailover(t *testing.T) {
 	// kill has landed after a second, and B, a standby, must not write.
 	time.Sleep(time.Second)
 	frozen := poolReportTime(ctx, t, cp)
+	written := completedJobs(ctx, t, cp) // what A wrote before it died
 	var newLeader lease
 	bound := failoverBound
 	for {
@@ -235,6 +244,7 @@ func TestLeaderFailover(t *testing.T) {
 	if r := poolReportTime(ctx, t, cp); !r.After(frozen) {
 		t.Errorf("pool status.lastReportTime %s did not advance after B became leader (frozen at %s)", r, frozen)
 	}
+	checkCompletedAfterFailover(ctx, t, cp, watch, written, atKill, total, logf)
 
 	// A comes back on the same ports and store: it stays standby.
 	a.Start(t, 2)
@@ -340,3 +350,120 @@ func poolStatusManagers(ctx context.Context, t *testing.T, cp *framework.Control
 // logOpenedRE matches the scheduler's "opened the job store" log line; the submatch
 // is how long it waited for the store's file lock.
 var logOpenedRE = regexp.MustCompile(`"opened the job store".*"waited":\s*"([^"]*)"`)
+
+// completedJobs returns each tenant's status.completedJobs (0 when unset).
+func completedJobs(ctx context.Context, t *testing.T, cp *framework.ControlPlane) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, tenant := range tenants {
+		var tq v1alpha1.TenantQuota
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: tenant}, &tq); err != nil {
+			t.Fatal(err)
+		}
+		if c := tq.Status.CompletedJobs; c != nil {
+			out[tenant] = *c
+		}
+	}
+	return out
+}
+
+// completedWatch samples the tenants' status.completedJobs every 200 ms and records
+// every decrease between two samples.
+type completedWatch struct {
+	mu        sync.Mutex
+	decreases []string
+	samples   int
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func watchCompleted(ctx context.Context, cp *framework.ControlPlane) *completedWatch {
+	w := &completedWatch{done: make(chan struct{})}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		last := map[string]int64{}
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, tenant := range tenants {
+				var tq v1alpha1.TenantQuota
+				if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: tenant}, &tq); err != nil || tq.Status.CompletedJobs == nil {
+					continue
+				}
+				v := *tq.Status.CompletedJobs
+				w.mu.Lock()
+				w.samples++
+				if prev, ok := last[tenant]; ok && v < prev {
+					w.decreases = append(w.decreases, fmt.Sprintf("%s %d -> %d at %s", tenant, prev, v, time.Now().Format(time.TimeOnly)))
+				}
+				w.mu.Unlock()
+				last[tenant] = v
+			}
+			select {
+			case <-w.done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return w
+}
+
+// stop ends the sampling (idempotent) and waits for it.
+func (w *completedWatch) stop() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
+}
+
+// checkCompletedAfterFailover checks the tenants' status.completedJobs once every job is
+// finished: it never decreased (watch); it reaches what A wrote before the kill (written)
+// plus what B finished, that is total minus what A finished and never wrote (at most
+// the jobs the simulator had answered at the kill, atKill.Succeeded, minus written), and
+// at most total; each tenant's at least what A wrote for it plus one and at most
+// jobsPerTenant.
+func checkCompletedAfterFailover(ctx context.Context, t *testing.T, cp *framework.ControlPlane, watch *completedWatch,
+	written map[string]int64, atKill framework.SimStats, total int, logf func(string, ...any)) {
+	t.Helper()
+	var sumWritten int64
+	for _, v := range written {
+		sumWritten += v
+	}
+	floor := int64(total) - (atKill.Succeeded - sumWritten)
+	var got map[string]int64
+	var sum int64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got, sum = completedJobs(ctx, t, cp), 0
+		for _, v := range got {
+			sum += v
+		}
+		if sum >= floor || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	watch.stop()
+	logf("status.completedJobs: %v written by A before the kill, %v once every job finished (sum %d of %d jobs: %d finished by A after its last write, lost); %d samples",
+		written, got, sum, total, int64(total)-sum, watch.samples)
+	if sumWritten == 0 {
+		t.Errorf("A wrote no status.completedJobs before the kill (%v): the failover check proves nothing", written)
+	}
+	if len(watch.decreases) > 0 {
+		t.Errorf("status.completedJobs went backwards: %v", watch.decreases)
+	}
+	if sum < floor || sum > int64(total) {
+		t.Errorf("status.completedJobs sum %d, want between %d (%d jobs minus the %d the simulator had answered at the kill beyond the %d A wrote) and %d",
+			sum, floor, total, atKill.Succeeded-sumWritten, sumWritten, total)
+	}
+	for _, tenant := range tenants {
+		if got[tenant] <= written[tenant] || got[tenant] > jobsPerTenant {
+			t.Errorf("tenant %s status.completedJobs %d, want more than the %d A wrote and at most %d", tenant, got[tenant], written[tenant], jobsPerTenant)
+		}
+	}
+}
