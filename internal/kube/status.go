@@ -167,8 +167,9 @@ func (s *State) pool() (int64, error) {
 //     ForceRefresh x MaxWritesPerSecond objects are dirty): about
 //     (budget-dirty objects) / MaxWritesPerSecond plus one Interval, which
 //     is what a crash can lose.
-//   - At shutdown (final) every object with a pending budget change is
-//     written without pacing, a one-off burst bounded by finalWriteTimeout.
+//   - At shutdown (final) every object with a pending budget or counter
+//     change is written without pacing, a one-off burst bounded by
+//     finalWriteTimeout.
 //   - A TenantQuota deleted and created again under the same name (a new
 //     metadata.uid in the registry) is a new object: what was written to
 //     the old one is forgotten, and its status read again. An object the
@@ -295,6 +296,9 @@ type objState struct {
 	flip bool
 	// budgetDirty: the pending status.budget.used differs from budget's.
 	budgetDirty bool
+	// countsDirty: the pending counters (lastCounts) differ from base's,
+	// those the API server holds.
+	countsDirty bool
 	// pendingBudget is the pending payload's status.budget.
 	pendingBudget *v1alpha1.BudgetStatus
 	// pending: the latest payload and the function building its status
@@ -342,13 +346,14 @@ const finalWriteConcurrency = 8
 
 // final writes the figures once more at shutdown, so that a graceful
 // restart loses none of the period's budget spend (the next scheduler
-// seeds its budgets from status.budget). It is a pass bounded by
-// finalWriteTimeout on Clock and on the wall clock in which the pool and
-// every object whose status.budget.used changed are written first without
-// the MaxWritesPerSecond pacing, finalWriteConcurrency at a time: a one-off
-// burst of one write per budget-dirty object (accepted at
-// shutdown). Other dirty objects are then written paced until the bound;
-// the rest are lost (their figures are rebuilt by the next scheduler).
+// seeds its budgets from status.budget) nor of the counters (it carries
+// them on from status). It is a pass bounded by finalWriteTimeout on Clock
+// and on the wall clock in which the pool and every object whose
+// status.budget.used or counters changed are written first without the
+// MaxWritesPerSecond pacing, finalWriteConcurrency at a time: a one-off
+// burst of one write per such object (accepted at shutdown). Other dirty
+// objects are then written paced until the bound; the rest are lost (their
+// figures are rebuilt by the next scheduler).
 func (w *StatusWriter) final(ctx context.Context) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
@@ -471,8 +476,8 @@ func (w *StatusWriter) Pass(ctx context.Context, max time.Duration) (PassResult,
 	return w.pass(ctx, max, false)
 }
 
-// pass is Pass; burst writes the pool and the budget-dirty objects first,
-// unpaced (final).
+// pass is Pass; burst writes the pool and the budget- and counter-dirty
+// objects first, unpaced (final).
 func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) (PassResult, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -581,6 +586,7 @@ func (w *StatusWriter) pass(ctx context.Context, max time.Duration, burst bool) 
 		}); err != nil {
 			errs = append(errs, err)
 		}
+		ob.countsDirty = !ob.dirtySince.IsZero() && ob.base != nil && *ob.lastCounts.base() != *ob.base
 	}
 
 	po := w.object(ctx, now, "ProviderPool", w.PoolName, "")
@@ -855,6 +861,7 @@ func (w *StatusWriter) stage(now time.Time, o *objState, heartbeat bool, conds *
 // clean marks o as holding nothing to write.
 func (o *objState) clean() {
 	o.dirtySince, o.flip, o.budgetDirty, o.pending, o.build, o.pendingConds, o.pendingBudget = time.Time{}, false, false, nil, nil, nil, nil
+	o.countsDirty = false
 }
 
 // serverPayload is the payload of the scheduler's part of a status read
@@ -895,9 +902,9 @@ const (
 
 // writeDirty writes dirty objects in priority order, paced on the clock,
 // until none is left, ctx is done, or the next write would start at or
-// after deadline. With burst (final), the pool and every budget-dirty
-// object go first and are written without pacing, finalWriteConcurrency
-// at a time, bounded only by ctx.
+// after deadline. With burst (final), the pool and every budget- or
+// counter-dirty object go first and are written without pacing,
+// finalWriteConcurrency at a time, bounded only by ctx.
 func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time, burst bool) (PassResult, error) {
 	overdue := w.forceRefresh()
 	type item struct {
@@ -914,7 +921,7 @@ func (w *StatusWriter) writeDirty(ctx context.Context, now, deadline time.Time, 
 		switch {
 		case o.kind == "ProviderPool":
 			it.class = classPool
-		case burst && o.budgetDirty:
+		case burst && (o.budgetDirty || o.countsDirty):
 			it.class = classBudget
 		case now.Sub(o.dirtySince) >= overdue:
 			it.class = classOverdue

@@ -77,3 +77,41 @@ func TestGracefulShutdownWritesEveryBudget(t *testing.T) {
 			len(lost), n, lost)
 	}
 }
+
+// TestGracefulShutdownWritesEveryCounter: the next scheduler carries the
+// counters on from status, so the final write at shutdown also writes,
+// without the per-second pacing, every tenant whose counters changed since
+// its last write, budget or not: 40 tenants without a budget, each with
+// one more rejection, all carry it afterwards (paced, 24 would: 5 writes a
+// second for 5 s, the pool's included).
+func TestGracefulShutdownWritesEveryCounter(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	t0 := time.Now().UTC().Truncate(time.Second)
+	fc := clocktesting.NewFakeClock(t0)
+	const n = 40
+	ns, reg, _ := manyTenants(t, c, fc, n)
+	w := &StatusWriter{Client: c, Registry: reg, State: &State{}, Namespace: ns, PoolName: "pool", Clock: fc}
+	if _, dirty := runPasses(t, w, fc, t0.Add(20*time.Second), nil); dirty != 0 {
+		t.Fatalf("initial: %d dirty", dirty)
+	}
+	for i := range n {
+		reg.Tenant(fmt.Sprintf("tq-%05d", i)).AddRejection()
+	}
+	w.final(ctx)
+
+	var list v1alpha1.TenantQuotaList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var lost []string
+	for _, tq := range list.Items {
+		if r := tq.Status.Rejections; r == nil || *r != 1 {
+			lost = append(lost, tq.Name)
+		}
+	}
+	if len(list.Items) != n || len(lost) > 0 {
+		t.Errorf("after the final write at shutdown, %d of %d tenants' status.rejections lacks the rejection (lost for good: the next scheduler carries on from status): %v",
+			len(lost), len(list.Items), lost)
+	}
+}
