@@ -295,6 +295,8 @@ func New(o Options) *Gateway {
 	g.mux.HandleFunc("POST "+endpointChat, g.interactive(endpointChat))
 	g.mux.HandleFunc("POST "+endpointCompletions, g.interactive(endpointCompletions))
 	g.mux.HandleFunc("POST "+endpointEmbeddings, g.interactive(endpointEmbeddings))
+	g.mux.HandleFunc("GET /v1/models", g.listModels)
+	g.mux.HandleFunc("GET /v1/models/{model...}", g.getModel)
 	g.mux.HandleFunc("POST /v1/jobs", g.submitJob)
 	g.mux.HandleFunc("POST "+endpointBulk, g.submitBulk)
 	g.mux.HandleFunc("GET /v1/jobs", g.listJobs)
