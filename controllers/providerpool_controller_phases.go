@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -86,14 +88,45 @@ func (r *ProviderPoolReconciler) providerSecretProblem(ctx context.Context, pool
 	switch {
 	case !ok:
 		return secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing, message: fmt.Sprintf(
-			"Secret %s has no key %q (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it",
-			key, dataKey)}, nil
+			"Secret %s has no key %q (spec.upstream.credentialsSecretRef.key; %s): the scheduler's pods cannot start until the provider key is added under it",
+			key, dataKey, secretKeysPhrase(secret.Data))}, nil
 	case len(bytes.TrimSpace(value)) == 0:
 		return secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing, message: fmt.Sprintf(
 			"Secret %s has an empty value under key %q (spec.upstream.credentialsSecretRef.key): the scheduler has no provider key until it is set",
 			key, dataKey)}, nil
 	}
 	return secretProblem{}, nil
+}
+
+// maxListedSecretKeys is how many of a Secret's keys a
+// ProviderSecretKeyMissing message lists.
+const maxListedSecretKeys = 8
+
+// secretKeysPhrase names the keys of a Secret's data, sorted, at most
+// maxListedSecretKeys of them ("the Secret's keys: "a", "b" and 3 more";
+// "the Secret has no keys"), so that a key named with a typo (apikey for
+// api-key) shows in the ProviderSecretKeyMissing message. Key names are not
+// secret (kubectl describe secret shows them); the values are never read
+// here.
+func secretKeysPhrase(data map[string][]byte) string {
+	if len(data) == 0 {
+		return "the Secret has no keys"
+	}
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	shown := keys[:min(len(keys), maxListedSecretKeys)]
+	quoted := make([]string, len(shown))
+	for i, k := range shown {
+		quoted[i] = strconv.Quote(k)
+	}
+	phrase := "the Secret's keys: " + strings.Join(quoted, ", ")
+	if more := len(keys) - len(shown); more > 0 {
+		phrase += fmt.Sprintf(" and %d more", more)
+	}
+	return phrase
 }
 
 // reconcileObjects renders the pool's objects and applies each one with

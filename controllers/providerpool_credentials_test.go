@@ -55,7 +55,7 @@ func TestProviderSecretProblem(t *testing.T) {
 		"no such key": {
 			secret: secret(map[string]string{"token": value}), key: "api-key",
 			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
-				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it`},
+				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key; the Secret's keys: "token"): the scheduler's pods cannot start until the provider key is added under it`},
 		},
 		"empty value": {
 			secret: secret(map[string]string{"api-key": ""}), key: "api-key",
@@ -67,16 +67,26 @@ func TestProviderSecretProblem(t *testing.T) {
 			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
 				message: `Secret ns/provider-key has an empty value under key "api-key" (spec.upstream.credentialsSecretRef.key): the scheduler has no provider key until it is set`},
 		},
+		"no keys at all": {
+			secret: secret(nil), key: "api-key",
+			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
+				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key; the Secret has no keys): the scheduler's pods cannot start until the provider key is added under it`},
+		},
+		"ten keys: eight listed": {
+			secret: secret(map[string]string{"k0": "", "k1": "", "k2": "", "k3": "", "k4": "", "k5": "", "k6": "", "k7": "", "k8": "", "k9": ""}), key: "api-key",
+			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
+				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key; the Secret's keys: "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7" and 2 more): the scheduler's pods cannot start until the provider key is added under it`},
+		},
 		"the key": {secret: secret(map[string]string{"api-key": value}), key: "api-key"},
 		"another key named by the pool": {
 			secret: secret(map[string]string{"api-key": value}), key: "openai",
 			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
-				message: `Secret ns/provider-key has no key "openai" (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it`},
+				message: `Secret ns/provider-key has no key "openai" (spec.upstream.credentialsSecretRef.key; the Secret's keys: "api-key"): the scheduler's pods cannot start until the provider key is added under it`},
 		},
 		"key left empty in a stored pool: the default api-key": {
 			secret: secret(map[string]string{"token": value}), key: "",
 			wantProblem: secretProblem{reason: v1alpha1.ReasonProviderSecretKeyMissing,
-				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it`},
+				message: `Secret ns/provider-key has no key "api-key" (spec.upstream.credentialsSecretRef.key; the Secret's keys: "token"): the scheduler's pods cannot start until the provider key is added under it`},
 		},
 	}
 	for name, tc := range tests {
@@ -281,7 +291,7 @@ func TestProviderSecretFollowedByWatch(t *testing.T) {
 	waitPoolQuiet(t, ns, "creds")
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provider-key"}, StringData: map[string]string{"api-key": "sk-wrong-key-name"}}
 	create(t, secret)
-	keyMissing := fmt.Sprintf(`Secret %s/provider-key has no key "openai" (spec.upstream.credentialsSecretRef.key): the scheduler's pods cannot start until the provider key is added under it`, ns)
+	keyMissing := fmt.Sprintf(`Secret %s/provider-key has no key "openai" (spec.upstream.credentialsSecretRef.key; the Secret's keys: "api-key"): the scheduler's pods cannot start until the provider key is added under it`, ns)
 	eventually(t, "Ready=False ProviderSecretKeyMissing", wantReadyExactly(pool, metav1.ConditionFalse, v1alpha1.ReasonProviderSecretKeyMissing, keyMissing))
 	waitEvent(t, ns, "creds", v1alpha1.ReasonProviderSecretKeyMissing, keyMissing)
 	eventually(t, "tenant names ProviderSecretKeyMissing", wantReadyExactly(tq, metav1.ConditionFalse, v1alpha1.ReasonPoolNotReady,
