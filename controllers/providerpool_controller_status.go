@@ -41,9 +41,17 @@ func setAcceptedCondition(pool *v1alpha1.ProviderPool, renderErr error, now meta
 	if errors.Is(renderErr, render.ErrInvalidPool) {
 		cond.Status = metav1.ConditionFalse
 		cond.Reason = v1alpha1.ReasonInvalidSpec
-		cond.Message = renderErr.Error()
+		cond.Message = oneLine(renderErr)
 	}
 	setCondition(&pool.Status.Conditions, cond, now)
+}
+
+// oneLine is err's message on one line: the errors that errors.Join put on
+// separate lines (a spec with several faults) separated by "; ", so that
+// kubectl describe and kubectl get -o wide show a condition message
+// whole, indented with its condition.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
 }
 
 // setReadyCondition sets the pool's Ready condition from the applied
@@ -77,7 +85,7 @@ func setReadyCondition(pool *v1alpha1.ProviderPool, deployment *appsv1.Deploymen
 	switch {
 	case err != nil:
 		cond.Reason = v1alpha1.ReasonRenderFailed
-		cond.Message = err.Error()
+		cond.Message = oneLine(err)
 	case deployment == nil:
 		cond.Message = fmt.Sprintf("Waiting for Deployment %s", render.Name(pool))
 	case deployment.Status.ObservedGeneration < deployment.Generation:

@@ -139,6 +139,10 @@ func TestSetReadyCondition(t *testing.T) {
 			err: errors.New("boom"), secret: noSecret,
 			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed, Message: "boom"},
 		},
+		"two render errors on one line": {
+			err:  errors.Join(errors.New("spec.scheduler.resources.requests.memroy is not a resource"), errors.New("spec.scheduler.resources.requests.cpu (-1) is negative")),
+			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed, Message: "spec.scheduler.resources.requests.memroy is not a resource; spec.scheduler.resources.requests.cpu (-1) is negative"},
+		},
 		"render failed": {
 			err:  errors.New("boom"),
 			want: metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRenderFailed, Message: "boom"},
@@ -223,7 +227,7 @@ func TestSetAcceptedCondition(t *testing.T) {
 		"renders":           {nil, metav1.ConditionTrue, v1alpha1.ReasonAccepted, "ProviderPool accepted"},
 		"invalid":           {invalid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, invalid.Error()},
 		"apply error":       {errors.New("forbidden"), metav1.ConditionTrue, v1alpha1.ReasonAccepted, "ProviderPool accepted"},
-		"invalid and apply": {errors.Join(invalid, errors.New("x")), metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, errors.Join(invalid, errors.New("x")).Error()},
+		"invalid and apply": {errors.Join(invalid, errors.New("x")), metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, "pool cannot be rendered: name too long; x"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
