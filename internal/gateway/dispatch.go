@@ -247,16 +247,36 @@ func (d *dispatcher) wake() {
 // run loops until ctx is cancelled: a pass, then sleep until woken or until
 // the earliest time something can change (a tenant's refill, a model's
 // pause end, a retry backoff, the next sweep).
+//
+// When that time has already come by the clock once the pass is over, or
+// comes while the timer is being made (the clock read and the timer's own
+// start are two steps), the next pass runs at once instead of after a
+// timer: a timer started after its time is due fires a millisecond, or the
+// whole wait, after that time, which a clock that moves only by steps (the
+// injected clock of tests) may never reach. At most one such pass runs in a row,
+// then the timer waits at least a millisecond, so a pass that keeps
+// returning a time already due cannot spin.
 func (d *dispatcher) run(ctx context.Context) error {
 	defer d.wg.Wait()
+	immediate := false
 	for {
 		next := d.pass(ctx)
 		var timer <-chan time.Time
 		var stop func() bool
 		if !next.IsZero() {
+			if !immediate && !next.After(d.g.clock.Now()) {
+				immediate = true
+				continue
+			}
 			t := d.g.clock.NewTimer(max(next.Sub(d.g.clock.Now()), time.Millisecond))
+			if !immediate && !next.After(d.g.clock.Now()) {
+				t.Stop()
+				immediate = true
+				continue
+			}
 			timer, stop = t.C(), t.Stop
 		}
+		immediate = false
 		select {
 		case <-ctx.Done():
 			if stop != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fairshare-dev/fairshare/internal/jobs"
@@ -128,6 +129,7 @@ type envConfig struct {
 	wrapStore   func(*jobs.MemStore, *clocktesting.FakeClock) jobs.Store
 	key         *providerkey.Key  // Options.LiveProviderKey; nil: "sk-provider-secret"
 	transport   http.RoundTripper // Options.Transport; nil: the default
+	wrapClock   func(*clocktesting.FakeClock) clock.WithTicker
 }
 
 type envOption func(*envConfig)
@@ -153,6 +155,12 @@ func withProviderKey(k *providerkey.Key) envOption {
 // withTransport makes the gateway call the provider through rt.
 func withTransport(rt http.RoundTripper) envOption {
 	return func(c *envConfig) { c.transport = rt }
+}
+
+// withClock gives the gateway the clock f returns around the env's fake
+// clock (the registry and the store keep the fake clock itself).
+func withClock(f func(*clocktesting.FakeClock) clock.WithTicker) envOption {
+	return func(c *envConfig) { c.wrapClock = f }
 }
 
 func withMaxResponseBytes(n int64) envOption {
@@ -183,7 +191,11 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 	if cfg.wrapStore != nil {
 		gwStore = cfg.wrapStore(store, fc)
 	}
-	gw := New(Options{Registry: reg, Clock: fc, ProviderKey: "sk-provider-secret", LiveProviderKey: cfg.key, Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp, Transport: cfg.transport,
+	var gwClock clock.WithTicker = fc
+	if cfg.wrapClock != nil {
+		gwClock = cfg.wrapClock(fc)
+	}
+	gw := New(Options{Registry: reg, Clock: gwClock, ProviderKey: "sk-provider-secret", LiveProviderKey: cfg.key, Store: gwStore, UpstreamConcurrency: cfg.concurrency, MaxResponseBytes: cfg.maxResp, Transport: cfg.transport,
 		Metrics: metrics.New(prom, func() registry.Snapshot { return reg.Snapshot(fc.Now()) }), Rand: func() float64 { return 0 }})
 	srv := httptest.NewServer(gw)
 	ctx, cancel := context.WithCancel(context.Background())
