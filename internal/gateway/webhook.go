@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -230,8 +231,25 @@ func (n *webhookNotifier) enqueue(j jobs.Job) {
 	go func() {
 		defer n.wg.Done()
 		defer func() { <-n.slots }()
+		defer n.recoverDeliver(j.ID)
 		n.deliver(j.ID, j.Tenant, j.WebhookURL, body)
 	}()
+}
+
+// recoverDeliver, deferred around deliver, turns a panic while a completion
+// webhook is delivered (in signing, in the HTTP client or its transport)
+// into that delivery failing, logged with its stack and counted as failed,
+// instead of a crash of the scheduler that stopped every tenant's calls and
+// lost the jobs of a Memory store, as recoverExecute does for a job's call.
+// The delivery is not retried: the same input would panic again.
+func (n *webhookNotifier) recoverDeliver(id string) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	n.g.log.Error(fmt.Errorf("panic: %v", v), "A completion webhook's delivery failed; it is not retried", "job", id, "stack", string(debug.Stack()))
+	n.setState(id, webhookFailed, true)
+	n.count(webhookOutcomeFailed)
 }
 
 // setState records the delivery state in the store (counting an attempt

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,5 +298,42 @@ func TestQueueWaitHeader(t *testing.T) {
 	resp = e.do("GET", "/v1/jobs/"+j.ID, "key-a", "")
 	if v := decode[jobView](t, resp); resp.Header.Get("X-Queue-Wait-Ms") != "31000" || v.QueueWaitMS == nil || *v.QueueWaitMS != 31000 {
 		t.Errorf("started job: header %q queue_wait_ms %v, want 31000", resp.Header.Get("X-Queue-Wait-Ms"), v.QueueWaitMS)
+	}
+}
+
+// TestWebhookPanicFailsDelivery: a panic while a completion webhook is
+// sent (here in the HTTP transport) fails that delivery, once, with one
+// attempt recorded and counted as failed, and the scheduler goes on: the
+// next job with a webhook is delivered. Before, the delivery goroutine had
+// no recovery and the panic ended the process.
+func TestWebhookPanicFailsDelivery(t *testing.T) {
+	e := newHookEnv(t)
+	h := newHookServer(t, 200)
+	n := e.gw.webhooks()
+	healthy := n.client.Transport
+	var panics atomic.Int32
+	n.client.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if panics.Add(1) == 1 {
+			panic("transport fault")
+		}
+		return healthy.RoundTrip(r)
+	})
+	j := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+h.srv.URL+`"`))
+	if n := waitWebhook(t, e, j.ID, webhookFailed); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
+	}
+	if got := n.counts(); !cmp.Equal(got, map[string]int{webhookOutcomeFailed: 1}) {
+		t.Errorf("outcomes %v, want one failed", got)
+	}
+	if v := e.job("key-a", j.ID); v.Status != jobs.StatusSucceeded {
+		t.Errorf("job status %s, want succeeded (the webhook's failure is not the job's)", v.Status)
+	}
+	next := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+h.srv.URL+`"`))
+	waitWebhook(t, e, next.ID, webhookDelivered)
+	if calls := h.calls(); len(calls) != 1 || calls[0].jobID != next.ID {
+		t.Errorf("deliveries %+v, want one for %s", calls, next.ID)
+	}
+	if p := panics.Load(); p != 2 {
+		t.Errorf("transport calls %d, want 2", p)
 	}
 }
