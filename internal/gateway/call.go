@@ -31,6 +31,9 @@ type call struct {
 	// wrote is set once the transport has written the whole upstream
 	// request (traced: httptrace.ClientTrace.WroteRequest).
 	wrote atomic.Bool
+	// answered is set by the call's own goroutine once the provider answered
+	// with a 2xx status (settleUnsettled).
+	answered bool
 }
 
 // traced returns ctx with a client trace that records in c.wrote when the
@@ -57,6 +60,22 @@ func (c *call) failedSettlement(err error) settleKind {
 		return settleAbandoned
 	}
 	return settleRefund
+}
+
+// settleUnsettled is the safety net deferred by a call's handler (an
+// interactive call's, a batch job's execute): it settles a call that a
+// panic or a forgotten path left unsettled, and is a no-op for one already
+// settled. A call the provider answered with a 2xx status is settled as one
+// whose usage is unknown (settleUsage without usage: the charge stands,
+// BC-28a), since the provider processed it and bills its tokens; any other
+// is refunded in full (BC-22: not sent, or an answer the provider does not
+// count).
+func (c *call) settleUnsettled() {
+	if c.answered {
+		c.settle(settleUsage, limiter.Usage{})
+		return
+	}
+	c.settle(settleRefund, limiter.Usage{})
 }
 
 // settlement kinds.

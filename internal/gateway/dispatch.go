@@ -606,8 +606,9 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 // into that job failing with internal_error, logged with its stack, instead
 // of a crash of the scheduler that stopped every tenant's calls and lost
 // the jobs of a Memory store. The call is settled by execute's own deferred
-// refund (a panic before the provider answered costs the tenant nothing;
-// one after it keeps whatever execute had settled). The job is not retried:
+// safety net (call.settleUnsettled: a panic before the provider answered
+// costs the tenant nothing; one after a 2xx answer keeps the charge, the
+// usage being unknown; one after execute settled keeps that). The job is not retried:
 // the same input would panic again, in a loop. A job execute had already
 // finished keeps its outcome (finishWith changes no finished job).
 func (d *dispatcher) recoverExecute(fj *fairqueue.Job) {
@@ -624,7 +625,7 @@ func (d *dispatcher) recoverExecute(fj *fairqueue.Job) {
 // execute makes the upstream call of a running job and records its outcome.
 func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, job jobs.Job, pool *registry.PoolPolicy) {
 	g := d.g
-	defer c.settle(settleRefund, limiter.Usage{}) // safety net; no-op once settled
+	defer c.settleUnsettled() // safety net; no-op once settled
 	cctx, cancel := context.WithTimeout(ctx, pool.UpstreamTimeout)
 	defer cancel()
 	req, err := g.newUpstreamRequest(c.traced(cctx), pool, job.Endpoint, job.Body, http.Header{})
@@ -661,6 +662,7 @@ func (d *dispatcher) execute(ctx context.Context, fj *fairqueue.Job, c *call, jo
 		return
 	}
 	defer resp.Body.Close()
+	c.answered = resp.StatusCode >= 200 && resp.StatusCode <= 299
 	q := g.readQuota(now, c.model, resp)
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
 		eb, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

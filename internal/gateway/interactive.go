@@ -66,7 +66,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		return
 	}
 	// Safety net: a panic or a forgotten path still releases everything.
-	defer c.settle(settleRefund, limiter.Usage{})
+	defer c.settleUnsettled()
 
 	upBody, injected, err := req.upstreamBody()
 	if err != nil {
@@ -107,6 +107,7 @@ func (g *Gateway) serveInteractive(w http.ResponseWriter, r *http.Request, endpo
 		return
 	}
 	defer resp.Body.Close()
+	c.answered = resp.StatusCode >= 200 && resp.StatusCode <= 299
 	q := g.readQuota(now, m, resp)
 
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestEntityTooLarge {
@@ -361,6 +362,10 @@ func (g *Gateway) proxyStream(w http.ResponseWriter, r *http.Request, resp *http
 		}
 		return limiter.Usage{PromptTokens: c.res.Cost().PromptTokens, OutputTokens: text.count(), Known: true}
 	}
+	// A panic while the stream is relayed settles it as a cut stream, from
+	// what the client was sent (a no-op once settled), instead of by the
+	// handler's safety net, which knows nothing of the deltas.
+	defer func() { c.settle(settleUsage, usage()) }()
 	clientOK := true
 	var readErr error // the provider's stream broke off (not a clean EOF)
 	emit := func() {

@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/tokencount"
 
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
@@ -118,5 +121,121 @@ func TestPanicInBatchJobFailsTheJob(t *testing.T) {
 	}
 	if up.calls.Load() != 0 {
 		t.Errorf("%d upstream calls, want 0 (the transport panicked first)", up.calls.Load())
+	}
+}
+
+// scriptedStream is a provider's 200 event stream that yields events, one
+// per Read, then panics (a fault of the scheduler's own code mid-stream).
+type scriptedStream struct{ events []string }
+
+func (s scriptedStream) RoundTrip(r *http.Request) (*http.Response, error) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	h := http.Header{}
+	h.Set("Content-Type", "text/event-stream")
+	return &http.Response{StatusCode: 200, Header: h, Body: &eventsThenPanic{events: s.events}, Request: r}, nil
+}
+
+type eventsThenPanic struct{ events []string }
+
+func (b *eventsThenPanic) Read(p []byte) (int, error) {
+	if len(b.events) == 0 {
+		panic("fault injected after the events")
+	}
+	n := copy(p, b.events[0])
+	b.events[0] = b.events[0][n:]
+	if b.events[0] == "" {
+		b.events = b.events[1:]
+	}
+	return n, nil
+}
+
+func (b *eventsThenPanic) Close() error { return nil }
+
+// scriptedBody is a provider's 200 JSON answer whose body panics on read.
+type scriptedBody struct{}
+
+func (scriptedBody) RoundTrip(r *http.Request) (*http.Response, error) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	return &http.Response{StatusCode: 200, Header: h, Body: &eventsThenPanic{}, Request: r}, nil
+}
+
+// TestPanicAfterAnswerKeepsWhatWasUsed: a panic after the provider
+// answered 200 does not refund the call as if it had never been sent. A
+// stream broken by a panic after three deltas is settled like a cut stream,
+// from the prompt and the output the client was sent (BC-23): 10 prompt
+// tokens plus the deltas' tokens; a JSON answer whose body panics keeps the
+// charge (prompt 10 + max_tokens 100), its usage being unknown (BC-28a).
+// Before, both were refunded in full: each such panic gave the tenant a
+// free call the provider billed.
+func TestPanicAfterAnswerKeepsWhatWasUsed(t *testing.T) {
+	deltas := []string{" alpha", " beta", " gamma"}
+	var events []string
+	for _, d := range deltas {
+		events = append(events, `data: {"id":"c","choices":[{"index":0,"delta":{"content":"`+d+`"}}]}`+"\n\n")
+	}
+	out, err := tokencount.Text(strings.Join(deltas, ""))
+	if err != nil || out < 3 {
+		t.Fatalf("tokens of the deltas: %d %v", out, err)
+	}
+	for _, tc := range []struct {
+		name string
+		rt   http.RoundTripper
+		body string
+		used int64
+	}{
+		{"stream", scriptedStream{events: events}, completionsBody(10, 100, `,"stream":true`), 10 + out},
+		{"json", scriptedBody{}, completionsBody(10, 100, ""), 110},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, okJSON(10, 5)) // not called: the transport answers
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(1000),
+				MaxConcurrent: i64(1), MaxKVBlocks: i64(1000)})}, withTransport(tc.rt))
+			req, err := http.NewRequest("POST", e.srv.URL+"/v1/completions", strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer key-a")
+			var got []byte
+			if resp, err := http.DefaultClient.Do(req); err == nil { // the JSON answer's connection is cut
+				got, _ = io.ReadAll(resp.Body) // cut off by the panic
+				resp.Body.Close()
+			}
+			if tc.name == "stream" && !bytes.Contains(got, []byte(" gamma")) {
+				t.Errorf("client got %q, want the three deltas", got)
+			}
+			ta := e.reg.Tenant("a")
+			waitFor(t, "the call's release", func() bool {
+				s := ta.Limiter.Snapshot(e.clock.Now())
+				return s.InFlight == 0 && s.KVBlocks == 0 && len(e.gw.sem) == 0
+			})
+			if s := ta.Limiter.Snapshot(e.clock.Now()); s.TokensRemaining != 1000-tc.used {
+				t.Errorf("tokens left %d, want %d (1000 - %d used)", s.TokensRemaining, 1000-tc.used, tc.used)
+			}
+		})
+	}
+}
+
+// TestPanicAfterAnswerInBatchJobKeepsCharge: a batch job whose provider
+// answered 200 and whose body then panics fails with internal_error and
+// keeps its charge (prompt 10 + max_tokens 100; the usage is unknown,
+// BC-28a) instead of being refunded as if it had not been sent.
+func TestPanicAfterAnswerInBatchJobKeepsCharge(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 5))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{WeightedPerMinute: i64(6000), WeightedBurst: i64(1000),
+		MaxConcurrent: i64(1), MaxKVBlocks: i64(1000)})}, withTransport(scriptedBody{}))
+	j := e.submit("key-a", jobBody(10, 100, ""))
+	waitFor(t, "the job's end", func() bool { return e.storeStatus(j.ID) == jobs.StatusFailed })
+	if got, err := e.store.Get(j.ID); err != nil || got.Error == nil || got.Error.Code != "internal_error" {
+		t.Fatalf("job %+v %v, want internal_error", got.Error, err)
+	}
+	ta := e.reg.Tenant("a")
+	waitFor(t, "the call's release", func() bool {
+		s := ta.Limiter.Snapshot(e.clock.Now())
+		return s.InFlight == 0 && s.KVBlocks == 0 && len(e.gw.sem) == 0
+	})
+	if s := ta.Limiter.Snapshot(e.clock.Now()); s.TokensRemaining != 890 {
+		t.Errorf("tokens left %d, want 890 (the charge of 110 kept)", s.TokensRemaining)
 	}
 }
