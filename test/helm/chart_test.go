@@ -386,7 +386,6 @@ func TestSchemaRejectsWrongValues(t *testing.T) {
 		"digest too short":                  {"image:\n  digest: sha256:0f0f\n", "/image/digest"},
 		"duration units out of order":       {"monitoring:\n  serviceMonitor:\n    interval: 30s1m\n", "/monitoring/serviceMonitor/interval"},
 		"empty duration":                    {"monitoring:\n  serviceMonitor:\n    interval: ''\n", "/monitoring/serviceMonitor/interval"},
-		"the default ServiceAccount":        {"serviceAccount:\n  create: false\n  name: default\n", "/serviceAccount/name"},
 		// An empty port list would render an egress rule of no ports and no
 		// peers, which Kubernetes reads as "any destination, any port".
 		"no provider port":       {"networkPolicy:\n  scheduler:\n    providerPorts: []\n", "/networkPolicy/scheduler/providerPorts"},
@@ -717,6 +716,9 @@ func TestChartRefusesContradictoryValues(t *testing.T) {
 		{"metrics on the health probe port",
 			[]string{"--set", "metrics.port=8081"},
 			"metrics.port=8081 is the operator's health probe port (/healthz, /readyz): the operator could not bind both and would exit at start. Choose another port (the default is 8080)."},
+		{"the namespace's default ServiceAccount",
+			[]string{"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=default"},
+			"serviceAccount.name=default is the namespace's default ServiceAccount, which every pod of the namespace without one of its own runs as: they would all get the operator's ClusterRole. Name another ServiceAccount, or leave serviceAccount.name empty for the release's full name."},
 		{"scheduler NetworkPolicy without namespaces",
 			[]string{"--set", "networkPolicy.scheduler.enabled=true"},
 			"networkPolicy.scheduler.enabled=true needs networkPolicy.scheduler.namespaces: list the namespaces of your ProviderPools (a NetworkPolicy selects only the pods of its own namespace)."},
