@@ -729,6 +729,7 @@ type ProviderPoolStatus struct {
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`,description="Queued batch jobs"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Serving",type=string,JSONPath=`.status.conditions[?(@.type=="Serving")].status`,description="Serving condition: the pool's scheduler has loaded the pool and serves it"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1,description="Reason of the Ready condition (ProviderSecretKeyMissing, RenderFailed, ...)"
 // +kubebuilder:printcolumn:name="Upstream",type=string,JSONPath=`.spec.upstream.baseURL`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProviderPool struct {

@@ -416,6 +416,7 @@ type TenantQuotaStatus struct {
 // +kubebuilder:printcolumn:name="Expired",type=integer,JSONPath=`.status.expiredJobs`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Serving",type=string,JSONPath=`.status.conditions[?(@.type=="Serving")].status`,description="Serving condition: the pool's scheduler has loaded the tenant's plan and serves it"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1,description="Reason of the Ready condition (PoolNotFound, DuplicateTenantID, ...)"
 // +kubebuilder:printcolumn:name="Completed",type=integer,JSONPath=`.status.completedJobs`,priority=1
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.rejections`,priority=1
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`,priority=1

@@ -32,7 +32,8 @@ func condition(typ, status, reason string) map[string]any {
 // TestPrinterColumns runs the real kubectl get: PAUSED-UNTIL is the RFC 3339
 // time of status.pausedUntil (not a relative age, which reads "<invalid>"
 // for a future time), and SERVING, right after READY, is the scheduler's
-// Serving condition (a tenant can be Ready but not Serving).
+// Serving condition (a tenant can be Ready but not Serving); -o wide adds
+// REASON, the Ready condition's reason.
 func TestPrinterColumns(t *testing.T) {
 	ctx := context.Background()
 	user, err := env.AddUser(envtest.User{Name: "columns-admin", Groups: []string{"system:masters"}}, env.Config)
@@ -55,7 +56,7 @@ func TestPrinterColumns(t *testing.T) {
 	paused := time.Now().UTC().Add(90 * time.Second).Truncate(time.Second).Format(time.RFC3339)
 	setStatus(t, pool, map[string]any{
 		"remainingTokens": int64(0), "pausedUntil": paused, "backlog": int64(120),
-		"conditions": []any{condition("Ready", "True", "Ready"), condition("Serving", "True", "Loaded")},
+		"conditions": []any{condition("Ready", "True", "SchedulerAvailable"), condition("Serving", "True", "Loaded")},
 	})
 	tq := object(tqGVK, "columns", with(validTenant(), "poolRef.name", "columns"))
 	if err := k8s.Create(ctx, tq); err != nil {
@@ -63,17 +64,28 @@ func TestPrinterColumns(t *testing.T) {
 	}
 	setStatus(t, tq, map[string]any{
 		"backlog": int64(0), "inFlight": int64(0), "tokensRemaining": int64(0), "expiredJobs": int64(0),
-		"conditions": []any{condition("Ready", "True", "Ready"), condition("Serving", "False", "InvalidSpec")},
+		"conditions": []any{condition("Ready", "True", "PoolReady"), condition("Serving", "False", "InvalidSpec")},
 	})
 
 	for _, tc := range []struct {
 		resource, header string
 		row              []string
+		wide             bool
 	}{
-		{"providerpools", "NAME REMAINING PAUSED-UNTIL BACKLOG READY SERVING AGE", []string{"columns", "0", paused, "120", "True", "True"}},
-		{"tenantquotas", "NAME POOL WEIGHT BACKLOG IN-FLIGHT TOKENS-LEFT EXPIRED READY SERVING AGE", []string{"columns", "columns", "1", "0", "0", "0", "0", "True", "False"}},
+		{"providerpools", "NAME REMAINING PAUSED-UNTIL BACKLOG READY SERVING AGE", []string{"columns", "0", paused, "120", "True", "True"}, false},
+		{"tenantquotas", "NAME POOL WEIGHT BACKLOG IN-FLIGHT TOKENS-LEFT EXPIRED READY SERVING AGE", []string{"columns", "columns", "1", "0", "0", "0", "0", "True", "False"}, false},
+		// -o wide adds the Ready condition's reason after SERVING (blank
+		// cells, such as TIER, are dropped by the split into fields).
+		{"providerpools", "NAME REMAINING PAUSED-UNTIL BACKLOG READY SERVING REASON UPSTREAM AGE",
+			[]string{"columns", "0", paused, "120", "True", "True", "SchedulerAvailable", "https://api.example.com"}, true},
+		{"tenantquotas", "NAME POOL WEIGHT TIER BACKLOG IN-FLIGHT TOKENS-LEFT EXPIRED READY SERVING REASON COMPLETED REJECTIONS MODE BUDGET-LEFT AGE",
+			[]string{"columns", "columns", "1", "0", "0", "0", "0", "True", "False", "PoolReady", "Enforce"}, true},
 	} {
-		out, err := framework.Kubectl(ctx, kubeconfig, "get", tc.resource, "columns", "-n", "default")
+		args := []string{"get", tc.resource, "columns", "-n", "default"}
+		if tc.wide {
+			args = append(args, "-o", "wide")
+		}
+		out, err := framework.Kubectl(ctx, kubeconfig, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
