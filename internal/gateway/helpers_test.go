@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
@@ -255,6 +256,37 @@ func decode[T any](t testing.TB, resp *http.Response) T {
 // tokensLeft is the tenant's weighted bucket level at the fake clock's now.
 func (e *env) tokensLeft(id string) int64 {
 	return e.reg.Tenant(id).Limiter.Snapshot(e.clock.Now()).TokensRemaining
+}
+
+// inQueue reports whether the job is in the fair queue.
+func (e *env) inQueue(id string) bool {
+	var ok bool
+	e.reg.WithQueue(func(q *fairqueue.Queue) { ok = q.Queued(e.gw.dispatch.byID[id]) })
+	return ok
+}
+
+// trackDequeued makes the dispatcher record the jobs it takes out of the
+// fair queue (its dequeuedHook); the function returned reports whether it
+// took the given job out at least once.
+func (e *env) trackDequeued() func(id string) bool {
+	var seen sync.Map
+	hook := func(fj *fairqueue.Job) { seen.Store(fj.ID, true) }
+	e.gw.dispatch.dequeuedHook.Store(&hook)
+	return func(id string) bool { _, ok := seen.Load(id); return ok }
+}
+
+// waitPutBack waits until the dispatcher has taken the job out of the
+// queue and put it back because its model is paused (the model's first
+// job after e.pause): from then on the dispatcher leaves the model's jobs
+// in the queue until the pause ends, so a cancellation finds the job
+// there. While the job is out of the queue a DELETE is 409
+// job_not_cancellable (TestCancelWhileDispatchedSaysSo). dequeued is
+// trackDequeued's, called before the job was submitted.
+func (e *env) waitPutBack(t *testing.T, dequeued func(id string) bool, id string) {
+	t.Helper()
+	waitFor(t, "the dispatcher to put the job back while the model is paused", func() bool {
+		return dequeued(id) && e.inQueue(id)
+	})
 }
 
 // waitFor polls cond until it holds, failing after 10 s of real time. It

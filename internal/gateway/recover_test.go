@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
@@ -74,13 +73,6 @@ func newDurableEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, 
 	}
 	t.Cleanup(stop)
 	return &durableEnv{env: &env{t: t, clock: fc, reg: reg, gw: gw, srv: srv, up: up, store: store.MemStore, prom: prom}, bolt: store, stop: stop}
-}
-
-// inQueue reports whether the job is in the fair queue.
-func (e *durableEnv) inQueue(id string) bool {
-	var ok bool
-	e.reg.WithQueue(func(q *fairqueue.Queue) { ok = q.Queued(e.gw.dispatch.byID[id]) })
-	return ok
 }
 
 // TestRecoverRequeuesInOrderAndCompletesOnce: jobs submitted while the
@@ -324,7 +316,9 @@ func TestWebhookOfJobFinishedAtShutdownDeliveredAfterRestart(t *testing.T) {
 
 	e1 := newDurableEnv(t, up, tenants, path, t0, true)
 	e1.pause(time.Minute)
+	dequeued := e1.trackDequeued()
 	id := e1.submit("key-a", jobBody(10, 20, `,"webhookURL":"`+h.srv.URL+`"`)).ID
+	e1.waitPutBack(t, dequeued, id)
 	e1.gw.hooks.stop() // the scheduler is stopping
 	if resp := e1.do("DELETE", "/v1/jobs/"+id, "key-a", ""); resp.StatusCode != http.StatusOK {
 		t.Fatalf("cancel: %d", resp.StatusCode)

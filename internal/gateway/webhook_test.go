@@ -230,10 +230,12 @@ func TestWebhookOnlyForJobsThatAskForIt(t *testing.T) {
 	e := newHookEnv(t)
 	e.pause(time.Minute)
 	h := newHookServer(t, 200)
+	dequeued := e.trackDequeued()
 	plain := e.submit("key-a", jobBody(10, 100, ""))
 	if plain.WebhookURL != nil || plain.WebhookStatus != nil {
 		t.Errorf("webhook fields of a plain job: %v %v", plain.WebhookURL, plain.WebhookStatus)
 	}
+	e.waitPutBack(t, dequeued, plain.ID)
 	if resp := e.do("DELETE", "/v1/jobs/"+plain.ID, "key-a", ""); resp.StatusCode != 200 {
 		t.Fatalf("cancel: %d", resp.StatusCode)
 	}
