@@ -395,6 +395,17 @@ func TestBudgetExhausted(t *testing.T) {
 	}
 }
 
+// waitsForRetry reports whether the dispatcher holds the job for a retry
+// backoff. The job's record says queued a moment before (the store is
+// written first), and only from then does it count toward the queue bounds.
+func (e *env) waitsForRetry(id string) bool {
+	d := e.gw.dispatch
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.retries[id]
+	return ok
+}
+
 // TestRetryingJobsCountTowardTheQueueBound: a job waiting for a retry
 // backoff (the provider answered 500) is a queued job and holds its slot
 // of the tenant's maxQueuedJobs: a second submission is refused with 429
@@ -411,7 +422,7 @@ func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
 	first := e.submit("key-a", jobBody(10, 20, "")).ID
 	waitFor(t, "the first attempt to fail and wait for its retry", func() bool {
 		j, err := e.store.Get(first)
-		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued && e.waitsForRetry(first)
 	})
 	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
 	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
@@ -431,7 +442,7 @@ func TestRetryingJobsCountTowardTheQueueBound(t *testing.T) {
 	first = e2.submit("key-a", jobBody(10, 20, "")).ID
 	waitFor(t, "the first attempt to fail (pool bound)", func() bool {
 		j, err := e2.store.Get(first)
-		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+		return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued && e2.waitsForRetry(first)
 	})
 	resp = e2.do("POST", "/v1/jobs", "key-b", jobBody(10, 20, ""))
 	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != codePoolQueueFull {
