@@ -46,10 +46,15 @@ func TestReviewJobStoreGrowOnFixedClassWedgesPool(t *testing.T) {
 
 	// An unrelated change that must reach the scheduler.
 	updateWithRetry(t, pool, func() { pool.Spec.Scheduler.StatusIntervalSeconds = 33 })
-	time.Sleep(2 * time.Second) // give the operator time (evidence only)
-	get(t, ns, "wedge-scheduler", d)
-	if got := d.Spec.Template.Annotations["quota.fairshare.dev/settings-hash"]; got == hash0 {
-		t.Errorf("Deployment not updated after a spec change (settings hash unchanged): the refused claim apply blocks it")
+	// The operator's reconcile of the change takes as long as it takes
+	// (a loaded host): poll for the new hash rather than read it once.
+	updated := false
+	for deadline := time.Now().Add(pollTimeout); !updated && time.Now().Before(deadline); time.Sleep(pollInterval) {
+		get(t, ns, "wedge-scheduler", d)
+		updated = d.Spec.Template.Annotations["quota.fairshare.dev/settings-hash"] != hash0
+	}
+	if !updated {
+		t.Errorf("Deployment not updated %v after a spec change (settings hash unchanged): the refused claim apply blocks it", pollTimeout)
 	}
 	// Undo is refused.
 	err := func() error {
