@@ -51,6 +51,9 @@ const (
 // errJobNotQueued refuses to start a job whose record is no longer queued.
 var errJobNotQueued = errors.New("job is no longer queued")
 
+// errJobFinished refuses to change the terminal status of a finished job.
+var errJobFinished = errors.New("job is already finished")
+
 // retry is a job waiting for its backoff to pass before it is put back at
 // its tenant's head.
 type retry struct {
@@ -83,6 +86,15 @@ type dispatcher struct {
 
 	mu      sync.Mutex
 	retries map[string]retry
+
+	// unrecorded holds, by job ID, the store writes that failed and must
+	// not be lost (a job's terminal status, the removal of a refused
+	// submission), and unrecordedAt when the next pass writes them again
+	// (storeRetry after the latest failure); guarded by mu. A job whose
+	// terminal status is not recorded yet has left the dispatcher and
+	// reads as before (running, queued) until the write succeeds.
+	unrecorded   map[string]func()
+	unrecordedAt time.Time
 
 	// held counts, per tenant, the jobs the loop has taken out of the fair
 	// queue and not yet sent, finished or put back; guarded by the queue
@@ -129,7 +141,7 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, held: map[string]int{}, retrying: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
+	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, unrecorded: map[string]func(){}, held: map[string]int{}, retrying: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
 	d.jobsWaiting.Store(true) // until the first pass looks
 	return d
 }
@@ -314,6 +326,24 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	d.jobsWaiting.Store(true)
 	g.slotsFreed.Load() // orders this pass's reads of len(g.sem) after the store (Gateway.slotsFreed)
 	now := g.clock.Now()
+
+	// Store writes that failed, written again once storeRetry has passed.
+	d.mu.Lock()
+	var writes []func()
+	if len(d.unrecorded) > 0 {
+		if d.unrecordedAt.After(now) {
+			wakeAt = earliest(wakeAt, d.unrecordedAt)
+		} else {
+			for id, w := range d.unrecorded {
+				writes = append(writes, w)
+				delete(d.unrecorded, id)
+			}
+		}
+	}
+	d.mu.Unlock()
+	for _, w := range writes {
+		w() // a write failing again is put back by w
+	}
 
 	// Backoffs that have passed: back at the tenant's head.
 	d.mu.Lock()
@@ -857,7 +887,7 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 	d.forget(id)
 	job, err := g.store.Update(id, func(j *jobs.Job) error {
 		if j.Status.Finished() {
-			return errors.New("already finished")
+			return errJobFinished
 		}
 		j.Status, j.FinishedAt, j.Response, j.Usage = st, now, resp, u
 		j.Error = nil
@@ -869,6 +899,14 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 		return nil
 	})
 	if err != nil {
+		if !errors.Is(err, errJobFinished) && !errors.Is(err, jobs.ErrNotFound) {
+			// A failed write (a full volume): the job has left the
+			// dispatcher, and its record still says running or queued.
+			// The same terminal status (finish time, response, usage) is
+			// written again later, counted and notified once written.
+			g.log.Error(err, "recording a job's terminal status failed; it is written again later", "job", id, "status", st)
+			d.writeLater(id, func() { d.finishWith(now, id, tenant, st, e, resp, u) })
+		}
 		return
 	}
 	g.metrics.JobsFinished.WithLabelValues(string(st)).Inc()
@@ -885,6 +923,28 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 		}
 	}
 	g.notifyWebhook(job)
+}
+
+// writeLater keeps a store write that failed (w makes it again, and calls
+// writeLater again when it fails again) for the first pass storeRetry from
+// now, and wakes the loop so that its wait covers it.
+func (d *dispatcher) writeLater(id string, w func()) {
+	d.mu.Lock()
+	d.unrecorded[id] = w
+	d.unrecordedAt = d.g.clock.Now().Add(storeRetry)
+	d.mu.Unlock()
+	d.wake()
+}
+
+// removeRefused removes from the store a submission stored and then
+// refused (a full queue); when the store fails to, the removal is made
+// again later rather than leaving a queued record of a job the client was
+// told was refused (listed, never sent, and queued by the next restart).
+func (d *dispatcher) removeRefused(id string) {
+	if err := d.g.store.Delete(id); err != nil && !errors.Is(err, jobs.ErrNotFound) {
+		d.g.log.Error(err, "removing a refused submission from the job store failed; it is removed again later", "job", id)
+		d.writeLater(id, func() { d.removeRefused(id) })
+	}
 }
 
 // markWebhookPending records, in the write that finishes job j, that its

@@ -306,7 +306,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		}
 	})
 	if err != nil {
-		_ = g.store.Delete(job.ID)
+		g.dispatch.removeRefused(job.ID)
 		switch {
 		case errors.Is(err, fairqueue.ErrTenantFull):
 			// A slot frees when the tenant's queue has drained ahead jobs:

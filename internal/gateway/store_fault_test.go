@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+var errVolumeFull = errors.New("write /var/lib/fairshare/jobs.db: no space left on device")
+
+// faultStore fails the next finishFails writes that give an unfinished job
+// a terminal status, and the next deleteFails deletions, as a store whose
+// volume is full does.
+type faultStore struct {
+	*jobs.MemStore
+	finishFails, deleteFails *atomic.Int64
+}
+
+func (s faultStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
+	if j, err := s.MemStore.Get(id); err == nil && !j.Status.Finished() {
+		probe := j
+		if fn(&probe) == nil && probe.Status.Finished() && s.finishFails.Add(-1) >= 0 {
+			return j, errVolumeFull
+		}
+	}
+	return s.MemStore.Update(id, fn)
+}
+
+func (s faultStore) Delete(id string) error {
+	if s.deleteFails.Add(-1) >= 0 {
+		return errVolumeFull
+	}
+	return s.MemStore.Delete(id)
+}
+
+func newFaultEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, opts ...envOption) (*env, *atomic.Int64, *atomic.Int64) {
+	var finishFails, deleteFails atomic.Int64
+	opts = append(opts, withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+		return faultStore{MemStore: m, finishFails: &finishFails, deleteFails: &deleteFails}
+	}))
+	return newEnv(t, up, tenants, opts...), &finishFails, &deleteFails
+}
+
+// TestJobFinishNotRecordedIsRecordedLater: a terminal status (succeeded
+// after the provider's answer, expired at the deadline) that the store
+// fails to record is written again storeRetry later, with the job's finish
+// time, usage and response, and counted once. It used to be dropped: the
+// job's record said running (or queued) until a restart, which then sent a
+// succeeded job to the provider again.
+func TestJobFinishNotRecordedIsRecordedLater(t *testing.T) {
+	t.Run("succeeded", func(t *testing.T) {
+		up := newUpstream(t, okJSON(10, 20))
+		e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+		finishFails.Store(1)
+		id := e.submit("key-a", jobBody(10, 100, "")).ID
+		waitFor(t, "the failed finish", func() bool { return finishFails.Load() == 0 })
+		if st := e.storeStatus(id); st != jobs.StatusRunning {
+			t.Fatalf("status after the failed finish: %s, want running (not recorded yet)", st)
+		}
+		e.clock.Step(storeRetry)
+		e.gw.dispatch.wake()
+		waitFor(t, "the finish to be recorded", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+		j, _ := e.store.Get(id)
+		if !j.FinishedAt.Equal(t0) || j.Usage == nil || *j.Usage != (jobs.Usage{PromptTokens: 10, CompletionTokens: 20}) || len(j.Response) == 0 || j.Attempts != 1 {
+			t.Errorf("job %+v: want finished at %v, usage {10 20}, a response, 1 attempt", j, t0)
+		}
+		if n := testutil.ToFloat64(e.gw.metrics.JobsFinished.WithLabelValues("succeeded")); n != 1 {
+			t.Errorf("jobs finished succeeded: %v, want 1", n)
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Errorf("upstream calls: %d, want 1", n)
+		}
+	})
+	t.Run("expired", func(t *testing.T) {
+		up := newUpstream(t, okJSON(10, 20))
+		e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+		e.pause(60 * time.Second)
+		id := e.submit("key-a", jobBody(10, 100, `,"deadlineSeconds":2`)).ID
+		finishFails.Store(1)
+		e.clock.Step(2 * time.Second)
+		e.gw.dispatch.wake()
+		waitFor(t, "the failed expiry", func() bool { return finishFails.Load() == 0 })
+		e.clock.Step(storeRetry)
+		e.gw.dispatch.wake()
+		waitFor(t, "the expiry to be recorded", func() bool { return e.storeStatus(id) == jobs.StatusExpired })
+		j, _ := e.store.Get(id)
+		if want := t0.Add(2 * time.Second); !j.FinishedAt.Equal(want) || j.Error == nil || j.Error.Code != jobCodeDeadline {
+			t.Errorf("job finished at %v error %+v, want %v %s", j.FinishedAt, j.Error, want, jobCodeDeadline)
+		}
+		if n := e.tenantSnap("a").Expired; n != 1 {
+			t.Errorf("tenant expired jobs: %d, want 1", n)
+		}
+	})
+}
+
+// TestRefusedSubmissionDeleteNotRecordedIsRetried: a submission refused
+// after it was stored (a full queue) whose removal the store fails is
+// removed storeRetry later. It used to stay in the store as a queued job
+// the client had been told was refused: listed, never sent, never expired,
+// and queued again (then sent) by the next restart.
+func TestRefusedSubmissionDeleteNotRecordedIsRetried(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	tp := tenant("a", limiter.Limits{})
+	tp.MaxQueued = 1
+	e, _, deleteFails := newFaultEnv(t, up, []registry.TenantPolicy{tp})
+	e.pause(60 * time.Second)
+	first := e.submit("key-a", jobBody(10, 100, "")).ID
+	deleteFails.Store(1)
+	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 100, ""))
+	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
+		t.Fatalf("second submission: %d %+v, want 429 %s", resp.StatusCode, body.Error, codeQueueFull)
+	}
+	e.clock.Step(storeRetry)
+	e.gw.dispatch.wake()
+	waitFor(t, "the refused job to be removed", func() bool {
+		list, _, _ := e.store.List("a", jobs.Filter{})
+		return len(list) == 1
+	})
+	list, _, _ := e.store.List("a", jobs.Filter{})
+	if len(list) != 1 || list[0].ID != first {
+		t.Fatalf("stored jobs %v, want only %s", list, first)
+	}
+}
