@@ -97,7 +97,8 @@ type dispatcher struct {
 	unrecordedAt time.Time
 
 	// held counts, per tenant, the jobs the loop has taken out of the fair
-	// queue and not yet sent, finished or put back; guarded by the queue
+	// queue and not yet sent, finished or put back (and the jobs a
+	// cancellation took out until it is recorded); guarded by the queue
 	// lock (read and written only inside Registry.WithQueue). They still
 	// count toward the tenant's queue bound: a submission that found the
 	// slot of a dequeued job free would otherwise push the tenant over its
@@ -959,43 +960,113 @@ func markWebhookPending(j *jobs.Job) {
 }
 
 // cancel cancels a queued job (in the fair queue or waiting for a retry
-// backoff). It returns the job and false when the job is not queued.
-func (d *dispatcher) cancel(id string) (jobs.Job, bool) {
+// backoff). It returns the job and false when the job is not queued, and
+// an error when the store failed to record the cancellation: the job is
+// then queued again (at the end of its tenant's queue, or waiting for its
+// retry as before), so that it is still sent, expires or can be cancelled
+// again, instead of leaving the queue with its record saying queued.
+func (d *dispatcher) cancel(id string) (jobs.Job, bool, error) {
 	g := d.g
-	var removed bool
-	g.reg.WithQueue(func(q *fairqueue.Queue) { removed = d.cancelLocked(q, id) })
-	if !removed {
+	var fj *fairqueue.Job
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		if f := d.byID[id]; f != nil && q.Cancel(f) {
+			fj = f
+			// Its slot of the tenant's bound is held until the
+			// cancellation is recorded or the job is queued again.
+			d.held[f.Tenant]++
+		}
+	})
+	var rt retry
+	retrying := false
+	if fj == nil {
+		// Still counted in retrying (its bound slot) and byID until the
+		// cancellation is recorded.
 		d.mu.Lock()
-		rt, ok := d.retries[id]
-		if ok {
+		if rt, retrying = d.retries[id]; retrying {
 			delete(d.retries, id)
-			removed = true
 		}
 		d.mu.Unlock()
-		if removed {
-			g.reg.WithQueue(func(*fairqueue.Queue) { d.unretryLocked(rt.job.Tenant) })
-			d.forget(id)
-		}
 	}
-	if !removed {
+	if fj == nil && !retrying {
 		j, _ := g.store.Get(id)
-		return j, false
+		return j, false, nil
 	}
 	now := g.clock.Now()
 	j, err := g.store.Update(id, func(j *jobs.Job) error {
+		if j.Status.Finished() {
+			return errJobFinished
+		}
 		j.Status, j.FinishedAt = jobs.StatusCancelled, now
 		j.Error = &jobs.Error{Code: jobCodeCancelled, Message: "The job was cancelled by the tenant."}
 		markWebhookPending(j)
 		return nil
 	})
+	if err != nil && !errors.Is(err, errJobFinished) && !errors.Is(err, jobs.ErrNotFound) {
+		g.log.Error(err, "recording a job's cancellation failed; the job stays queued", "job", id)
+		if retrying {
+			d.mu.Lock()
+			d.retries[id] = rt
+			d.mu.Unlock()
+		} else {
+			d.enqueueAgain(now, fj)
+		}
+		d.wake()
+		return j, false, err
+	}
+	g.reg.WithQueue(func(*fairqueue.Queue) {
+		if retrying {
+			d.unretryLocked(rt.job.Tenant)
+		} else {
+			d.unholdLocked(fj.Tenant)
+		}
+		delete(d.byID, id)
+	})
 	if err != nil {
-		return j, false
+		// Finished or removed meanwhile (a record the dispatcher no longer
+		// owned): nothing left to cancel.
+		return j, false, nil
 	}
 	g.metrics.JobsFinished.WithLabelValues(string(jobs.StatusCancelled)).Inc()
 	g.notifyWebhook(j)
 	d.wake()
-	return j, true
+	return j, true, nil
 }
+
+// enqueueAgain puts a job taken out of the fair queue by a cancellation
+// the store failed to record back at the end of its tenant's queue,
+// releasing the bound slot cancel held for it (the tenant's count bound is
+// lifted for it: the job was admitted before). A job past its deadline
+// expires; a tenant removed meanwhile fails it.
+func (d *dispatcher) enqueueAgain(now time.Time, fj *fairqueue.Job) {
+	g := d.g
+	var err error
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		d.unholdLocked(fj.Tenant)
+		t := g.reg.Tenant(fj.Tenant)
+		if t == nil {
+			err = errTenantGone
+			return
+		}
+		pol := t.Policy()
+		q.SetTenant(fj.Tenant, pol.Weight, -1)
+		err = q.Enqueue(now, fj)
+		q.SetTenant(fj.Tenant, pol.Weight, pol.MaxQueued)
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, fairqueue.ErrExpired):
+		d.expire(now, []*fairqueue.Job{fj})
+	case errors.Is(err, errTenantGone):
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
+			Message: "The tenant's TenantQuota was removed; the job was not sent."})
+	default:
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: codeQueueFull,
+			Message: fmt.Sprintf("The job could not be queued again: %v.", err)})
+	}
+}
+
+// errTenantGone: the job's tenant was removed.
+var errTenantGone = errors.New("tenant removed")
 
 // tenantRemoved fails the queued jobs of a tenant whose TenantQuota was
 // deleted (the tenant stops being admitted; its jobs are not left to

@@ -17,6 +17,10 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/registry"
 )
 
+// codeStoreError: the job store failed to record a submission or a
+// cancellation (500).
+const codeStoreError = "store_error"
+
 // Paging bounds of GET /v1/jobs.
 const (
 	defaultListLimit = 20
@@ -271,7 +275,7 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 		CreatedAt: now, Deadline: now.Add(deadline), WebhookURL: sr.WebhookURL,
 	})
 	if err != nil {
-		return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: "store_error", message: "The job could not be stored."}
+		return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: codeStoreError, message: "The job could not be stored."}
 	}
 	// ahead is how many of the tenant's jobs must leave its queue before a
 	// submission fits: 1 at the bound, more when jobs were put back over it
@@ -437,7 +441,12 @@ func (g *Gateway) cancelJob(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	j, ok := g.dispatch.cancel(j.ID)
+	j, ok, err := g.dispatch.cancel(j.ID)
+	if err != nil {
+		writeError(w, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: codeStoreError,
+			message: "The job's cancellation could not be stored; the job is still queued."})
+		return
+	}
 	if !ok {
 		state := string(j.Status)
 		if j.Status == jobs.StatusQueued {

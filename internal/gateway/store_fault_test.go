@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
@@ -48,6 +49,79 @@ func newFaultEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, op
 		return faultStore{MemStore: m, finishFails: &finishFails, deleteFails: &deleteFails}
 	}))
 	return newEnv(t, up, tenants, opts...), &finishFails, &deleteFails
+}
+
+// TestCancelNotRecordedKeepsTheJobQueued: a DELETE whose cancellation the
+// store fails to record answers 500 store_error and leaves the job queued
+// (in the fair queue, or waiting for its retry), so that it is still sent,
+// expires or can be cancelled by the next DELETE. It used to take the job
+// out of the queue while its record still said queued, and answer 409
+// "being dispatched": never sent, never expired, and no DELETE could cancel
+// it until a restart.
+func TestCancelNotRecordedKeepsTheJobQueued(t *testing.T) {
+	t.Run("queued", func(t *testing.T) {
+		up := newUpstream(t, okJSON(10, 20))
+		e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+		e.pause(60 * time.Second)
+		id := e.submit("key-a", jobBody(10, 100, "")).ID
+		finishFails.Store(1)
+		resp := e.do("DELETE", "/v1/jobs/"+id, "key-a", "")
+		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusInternalServerError || body.Error.Code != "store_error" {
+			t.Fatalf("DELETE with the store failing: %d %+v, want 500 store_error", resp.StatusCode, body.Error)
+		}
+		if st := e.storeStatus(id); st != jobs.StatusQueued {
+			t.Fatalf("status after the failed cancel: %s, want queued", st)
+		}
+		var queued bool
+		e.reg.WithQueue(func(q *fairqueue.Queue) { queued = q.Queued(e.gw.dispatch.byID[id]) })
+		if !queued {
+			t.Fatal("the job left the fair queue although its cancellation was not recorded")
+		}
+		resp = e.do("DELETE", "/v1/jobs/"+id, "key-a", "")
+		if v := decode[jobView](t, resp); resp.StatusCode != http.StatusOK || v.Status != jobs.StatusCancelled {
+			t.Fatalf("second DELETE: %d %s, want 200 cancelled", resp.StatusCode, v.Status)
+		}
+		e.clock.Step(61 * time.Second)
+		e.gw.dispatch.wake()
+		waitFor(t, "a pass after the pause", func() bool { return e.gw.dispatch.passes.Load() >= 4 })
+		if n := up.calls.Load(); n != 0 {
+			t.Errorf("upstream calls of the cancelled job: %d, want 0", n)
+		}
+	})
+	t.Run("retrying", func(t *testing.T) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			w.WriteHeader(http.StatusInternalServerError)
+		})
+		tp := tenant("a", limiter.Limits{})
+		tp.MaxQueued = 1
+		e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tp})
+		id := e.submit("key-a", jobBody(10, 100, "")).ID
+		waitFor(t, "the first attempt to fail and wait for its retry", func() bool {
+			j, err := e.store.Get(id)
+			return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+		})
+		waitFor(t, "the job in its backoff", func() bool {
+			e.gw.dispatch.mu.Lock()
+			defer e.gw.dispatch.mu.Unlock()
+			_, ok := e.gw.dispatch.retries[id]
+			return ok
+		})
+		finishFails.Store(1)
+		resp := e.do("DELETE", "/v1/jobs/"+id, "key-a", "")
+		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusInternalServerError || body.Error.Code != "store_error" {
+			t.Fatalf("DELETE with the store failing: %d %+v, want 500 store_error", resp.StatusCode, body.Error)
+		}
+		// Still a queued job: it holds its slot of maxQueuedJobs.
+		resp = e.do("POST", "/v1/jobs", "key-a", jobBody(10, 20, ""))
+		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
+			t.Fatalf("submission beside the job still retrying: %d %+v, want 429 %s", resp.StatusCode, body.Error, codeQueueFull)
+		}
+		resp = e.do("DELETE", "/v1/jobs/"+id, "key-a", "")
+		if v := decode[jobView](t, resp); resp.StatusCode != http.StatusOK || v.Status != jobs.StatusCancelled {
+			t.Fatalf("second DELETE: %d %s, want 200 cancelled", resp.StatusCode, v.Status)
+		}
+		e.submit("key-a", jobBody(10, 20, "")) // the slot is free again
+	})
 }
 
 // TestJobFinishNotRecordedIsRecordedLater: a terminal status (succeeded
