@@ -25,7 +25,9 @@ const (
 
 // MemStore is an in-memory Store. Finished jobs are kept for Retention after
 // they finish and at most MaxFinished of them (oldest finished first out);
-// queued and running jobs are never pruned.
+// queued and running jobs are never pruned. Every write and every read
+// (Get, List, Counts, UndeliveredWebhooks) prunes at the clock's now, so a
+// finished job past its retention is never served, also by an idle store.
 type MemStore struct {
 	clock       clock.PassiveClock
 	retention   time.Duration
@@ -45,8 +47,9 @@ type MemStore struct {
 
 	// persist, when set (BoltStore), writes every change through before it
 	// is applied in memory; pendingDel are the sequence numbers of jobs
-	// pruned from memory and not yet deleted from it (flushed with the next
-	// write, by Prune and by Close).
+	// pruned from memory (by a write or a read) and not yet deleted from it
+	// (flushed with the next write, by Prune and by Close; a job still in
+	// the file is pruned again when it is loaded).
 	persist    persister
 	pendingDel []uint64
 }
@@ -183,6 +186,7 @@ func (s *MemStore) Create(j Job) (Job, error) {
 func (s *MemStore) Get(id string) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneLocked(s.clock.Now())
 	e, ok := s.byID[id]
 	if !ok {
 		return Job{}, ErrNotFound
@@ -338,6 +342,7 @@ func (s *MemStore) MaxDispatchSeq() int64 {
 func (s *MemStore) UndeliveredWebhooks() []Job {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneLocked(s.clock.Now())
 	var out []Job
 	for _, e := range s.byID {
 		if e.job.Status.Finished() && e.job.WebhookURL != "" && e.job.WebhookStatus == WebhookPending {
@@ -359,6 +364,7 @@ func (s *MemStore) List(tenant string, f Filter) ([]Job, bool, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneLocked(s.clock.Now())
 	tj := s.byTenant[tenant]
 	if tj == nil {
 		return []Job{}, false, nil
@@ -382,6 +388,7 @@ func (s *MemStore) List(tenant string, f Filter) ([]Job, bool, error) {
 func (s *MemStore) Counts() map[Status]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneLocked(s.clock.Now())
 	out := make(map[Status]int, len(s.counts))
 	for k, v := range s.counts {
 		if v != 0 {

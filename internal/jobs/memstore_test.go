@@ -288,3 +288,33 @@ func TestJobIDsHideTheSequence(t *testing.T) {
 		}
 	})
 }
+
+// TestStoreRetentionWithoutWrites: a finished job is gone once its
+// retention has passed also when nothing was written since (an idle
+// pool): Get answers ErrNotFound, List and Counts leave it out. Retention
+// used to be applied only by writes, so an idle store served finished jobs
+// past their retention for as long as no job was submitted or updated.
+func TestStoreRetentionWithoutWrites(t *testing.T) {
+	forEachStore(t, func(t *testing.T, open func(clock.PassiveClock, time.Duration, int) (testStore, func() testStore)) {
+		fc := clocktesting.NewFakeClock(t0)
+		s, _ := open(fc, time.Hour, 0)
+		j, _ := s.Create(Job{Tenant: "a", Status: StatusQueued})
+		if _, err := s.Update(j.ID, func(j *Job) error { j.Status, j.FinishedAt = StatusSucceeded, fc.Now(); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		fc.Step(time.Hour - time.Nanosecond)
+		if _, err := s.Get(j.ID); err != nil {
+			t.Fatalf("finished job pruned before its retention: %v", err)
+		}
+		fc.Step(time.Nanosecond)
+		if _, err := s.Get(j.ID); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get of a finished job past its retention: %v, want ErrNotFound", err)
+		}
+		if list, _, _ := s.List("a", Filter{}); len(list) != 0 {
+			t.Errorf("List past the retention: %v, want none", ids(list))
+		}
+		if d := cmp.Diff(map[Status]int{}, s.Counts()); d != "" {
+			t.Errorf("counts past the retention (-want +got):\n%s", d)
+		}
+	})
+}
