@@ -591,6 +591,7 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		return 0, false
 	}
 	seq := d.seq.Add(1)
+	first := false
 	job, err := g.store.Update(fj.ID, func(j *jobs.Job) error {
 		// A job taken from the fair queue whose record says running is one
 		// whose return to the queue the store failed to record
@@ -599,12 +600,18 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 			return errJobNotQueued
 		}
 		j.Status, j.Attempts, j.DispatchSeq = jobs.StatusRunning, j.Attempts+1, seq
-		if j.StartedAt.IsZero() {
-			j.StartedAt, j.QueueWait = now, now.Sub(j.CreatedAt)
-			g.metrics.ObserveQueueWait(j.QueueWait)
+		if first = j.StartedAt.IsZero(); first {
+			// Never negative: a job stored by a scheduler whose clock
+			// was ahead of this one's waited 0, not less.
+			j.StartedAt, j.QueueWait = now, max(now.Sub(j.CreatedAt), 0)
 		}
 		return nil
 	})
+	if err == nil && first {
+		// Observed once the start is recorded: a start the store failed
+		// to record is made again, and observed then.
+		g.metrics.ObserveQueueWait(job.QueueWait)
+	}
 	if err != nil {
 		c.settle(settleRefund, limiter.Usage{})
 		if errors.Is(err, errJobNotQueued) || errors.Is(err, jobs.ErrNotFound) {

@@ -3,11 +3,13 @@ package gateway
 import (
 	"errors"
 	"net/http"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fairshare-dev/fairshare/internal/fairqueue"
@@ -19,21 +21,40 @@ import (
 var errVolumeFull = errors.New("write /var/lib/fairshare/jobs.db: no space left on device")
 
 // faultStore fails the next finishFails writes that give an unfinished job
-// a terminal status, and the next deleteFails deletions, as a store whose
-// volume is full does.
+// a terminal status, the next startFails writes that start a queued job
+// and the next deleteFails deletions, as a store whose volume is full does
+// (after applying fn to a copy of the job, as BoltStore encodes it before
+// the write fails).
 type faultStore struct {
 	*jobs.MemStore
 	finishFails, deleteFails *atomic.Int64
+	startFails               *atomic.Int64
 }
 
 func (s faultStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
-	if j, err := s.MemStore.Get(id); err == nil && !j.Status.Finished() {
-		probe := j
-		if fn(&probe) == nil && probe.Status.Finished() && s.finishFails.Add(-1) >= 0 {
-			return j, errVolumeFull
-		}
+	j, err := s.MemStore.Get(id)
+	if err != nil || j.Status.Finished() {
+		return s.MemStore.Update(id, fn)
 	}
-	return s.MemStore.Update(id, fn)
+	// fn runs once, on a copy, as BoltStore encodes the changed job before
+	// its write can fail.
+	probe := j
+	if err := fn(&probe); err != nil {
+		return j, err
+	}
+	if probe.Status.Finished() && s.finishFails.Add(-1) >= 0 {
+		return j, errVolumeFull
+	}
+	if j.Status == jobs.StatusQueued && probe.Status == jobs.StatusRunning && s.startFails != nil && s.startFails.Add(-1) >= 0 {
+		return j, errVolumeFull
+	}
+	return s.MemStore.Update(id, func(cur *jobs.Job) error {
+		if reflect.DeepEqual(*cur, j) {
+			*cur = probe
+			return nil
+		}
+		return fn(cur) // changed meanwhile
+	})
 }
 
 func (s faultStore) Delete(id string) error {
@@ -202,5 +223,72 @@ func TestRefusedSubmissionDeleteNotRecordedIsRetried(t *testing.T) {
 	list, _, _ := e.store.List("a", jobs.Filter{})
 	if len(list) != 1 || list[0].ID != first {
 		t.Fatalf("stored jobs %v, want only %s", list, first)
+	}
+}
+
+// queueWaitSamples is the sample count and sum of the queue wait histogram.
+func (e *env) queueWaitSamples() (uint64, float64) {
+	e.t.Helper()
+	var m dto.Metric
+	if err := e.gw.metrics.QueueWait.Write(&m); err != nil {
+		e.t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// TestQueueWaitObservedOnceWhenTheStartIsNotRecorded: a job whose first
+// start the store fails to record, then started 1 s later, is observed
+// once in the queue wait histogram, with the wait of the start that was
+// recorded (1 s). The start that failed used to be observed too.
+func TestQueueWaitObservedOnceWhenTheStartIsNotRecorded(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var fails atomic.Int64
+	fails.Store(1)
+	var none atomic.Int64
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+			return faultStore{MemStore: m, finishFails: &none, deleteFails: &none, startFails: &fails}
+		}))
+	id := e.submit("key-a", jobBody(10, 100, "")).ID
+	waitFor(t, "the failed start", func() bool { return fails.Load() == 0 })
+	e.clock.Step(storeRetry)
+	e.gw.dispatch.wake()
+	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+	if n, sum := e.queueWaitSamples(); n != 1 || sum != 1 {
+		t.Errorf("queue wait samples %d, sum %gs; want 1 and 1s", n, sum)
+	}
+	if v := e.job("key-a", id); v.QueueWaitMS == nil || *v.QueueWaitMS != 1000 {
+		t.Errorf("queue_wait_ms %v, want 1000", v.QueueWaitMS)
+	}
+}
+
+// TestQueueWaitNeverNegative: a job stored by a scheduler whose clock was
+// ahead (created at t0+1h) and started by one at t0 waited 0 ms, not
+// -3,600,000 ms (queue_wait_ms, X-Queue-Wait-Ms and the histogram).
+func TestQueueWaitNeverNegative(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var id string
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, c *clocktesting.FakeClock) jobs.Store {
+			created := c.Now().Add(time.Hour)
+			j, err := m.Create(jobs.Job{Tenant: "a", Status: jobs.StatusQueued, Endpoint: endpointCompletions, Model: testModel,
+				Body: []byte(completionsBody(10, 100, "")), PromptTokens: 10, MaxOutputTokens: 100,
+				CreatedAt: created, Deadline: created.Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id = j.ID
+			return m
+		}))
+	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
+	resp := e.do("GET", "/v1/jobs/"+id, "key-a", "")
+	if h := resp.Header.Get("X-Queue-Wait-Ms"); h != "0" {
+		t.Errorf("X-Queue-Wait-Ms %q, want 0", h)
+	}
+	if v := decode[jobView](t, resp); v.QueueWaitMS == nil || *v.QueueWaitMS != 0 {
+		t.Errorf("queue_wait_ms %v, want 0", v.QueueWaitMS)
+	}
+	if n, sum := e.queueWaitSamples(); n != 1 || sum != 0 {
+		t.Errorf("queue wait samples %d, sum %gs; want 1 and 0s", n, sum)
 	}
 }

@@ -87,7 +87,7 @@ type Job struct {
 	// dispatch order, of its latest upstream call; 0 until dispatched.
 	DispatchSeq int64
 	// QueueWait is StartedAt - CreatedAt, the time spent queued before the
-	// first upstream call.
+	// first upstream call (0 when a clock that went back made it negative).
 	QueueWait time.Duration
 	// Usage is the provider's usage of a succeeded job.
 	Usage *Usage
