@@ -269,48 +269,68 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 	if ok, resetIn, st := t.CheckBudget(now, cost.Weighted); !ok && !pol.DryRun {
 		return jobs.Job{}, budgetError(resetIn, st, pol.Budget, cost.Weighted)
 	}
-	job, err := g.store.Create(jobs.Job{
-		Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
-		PromptTokens: req.promptTokens, MaxOutputTokens: req.maxOutput, Metadata: sr.Metadata,
-		CreatedAt: now, Deadline: now.Add(deadline), WebhookURL: sr.WebhookURL,
-	})
-	if err != nil {
-		return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: codeStoreError, message: "The job could not be stored."}
-	}
 	// ahead is how many of the tenant's jobs must leave its queue before a
 	// submission fits: 1 at the bound, more when jobs were put back over it
 	// (a provider 429) or the bound was lowered under the queue.
 	ahead := 1
-	g.reg.WithQueue(func(q *fairqueue.Queue) {
+	// fullLocked is the refusal of a full tenant or pool queue, or nil; the
+	// queue lock must be held.
+	fullLocked := func(q *fairqueue.Queue) error {
 		// Jobs the dispatcher has taken out and not yet sent still count
 		// (they may be put back, and Requeue ignores bounds).
 		if n := g.dispatch.queuedLocked(q, t.ID); n >= pol.MaxQueued {
 			ahead = n - pol.MaxQueued + 1
-			err = fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
-			return
+			return fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
 		}
 		// Jobs waiting for a retry backoff are queued too (the fair queue
 		// counts only the rest against Config.MaxTotal).
 		if n := q.Total() + g.dispatch.retryingTotal; pool.MaxQueuedJobs > 0 && n >= pool.MaxQueuedJobs {
-			err = fmt.Errorf("%w: %d jobs queued (max %d)", fairqueue.ErrPoolFull, n, pool.MaxQueuedJobs)
-			return
+			return fmt.Errorf("%w: %d jobs queued (max %d)", fairqueue.ErrPoolFull, n, pool.MaxQueuedJobs)
 		}
-		idle := g.dispatch.queuedLocked(q, t.ID) == 0
-		qd := &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}
-		// Priced like the jobs already queued (the dispatcher reprices them
-		// all when the pool's cost model changes).
-		fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: g.dispatch.queueCostLocked(qd, pool), Deadline: job.Deadline, Value: qd}
-		if err = t.Enqueue(q, now, fj); err == nil {
-			g.dispatch.trackLocked(fj)
-			if idle {
-				// The time since the tenant's last dispatch was idle, not
-				// a slow drain (queue_full's Retry-After).
-				t.ObserveBacklog(now)
+		return nil
+	}
+	// A full queue refuses before the job is stored, so that a refusal
+	// costs the store no write (two fsync'ed ones with a Volume store: a
+	// tenant retrying against its full queue would take the disk's write
+	// rate from every tenant). Checked again when the job is queued: jobs
+	// may have been queued meanwhile.
+	var err error
+	g.reg.WithQueue(func(q *fairqueue.Queue) { err = fullLocked(q) })
+	var job jobs.Job
+	if err == nil {
+		var serr error
+		job, serr = g.store.Create(jobs.Job{
+			Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
+			PromptTokens: req.promptTokens, MaxOutputTokens: req.maxOutput, Metadata: sr.Metadata,
+			CreatedAt: now, Deadline: now.Add(deadline), WebhookURL: sr.WebhookURL,
+		})
+		if serr != nil {
+			g.log.Error(serr, "storing a submitted job failed", "tenant", t.ID)
+			return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: codeStoreError, message: "The job could not be stored."}
+		}
+		g.reg.WithQueue(func(q *fairqueue.Queue) {
+			if err = fullLocked(q); err != nil {
+				return
 			}
+			idle := g.dispatch.queuedLocked(q, t.ID) == 0
+			qd := &queued{model: req.model, cost: cost, wouldRefuse: req.wouldRefuse}
+			// Priced like the jobs already queued (the dispatcher reprices
+			// them all when the pool's cost model changes).
+			fj := &fairqueue.Job{ID: job.ID, Tenant: t.ID, Cost: g.dispatch.queueCostLocked(qd, pool), Deadline: job.Deadline, Value: qd}
+			if err = t.Enqueue(q, now, fj); err == nil {
+				g.dispatch.trackLocked(fj)
+				if idle {
+					// The time since the tenant's last dispatch was idle,
+					// not a slow drain (queue_full's Retry-After).
+					t.ObserveBacklog(now)
+				}
+			}
+		})
+		if err != nil {
+			g.dispatch.removeRefused(job.ID)
 		}
-	})
+	}
 	if err != nil {
-		g.dispatch.removeRefused(job.ID)
 		switch {
 		case errors.Is(err, fairqueue.ErrTenantFull):
 			// A slot frees when the tenant's queue has drained ahead jobs:

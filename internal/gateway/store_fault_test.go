@@ -29,6 +29,17 @@ type faultStore struct {
 	*jobs.MemStore
 	finishFails, deleteFails *atomic.Int64
 	startFails               *atomic.Int64
+	// beforeCreate, when set, is taken and run before the next Create.
+	beforeCreate *atomic.Pointer[func()]
+}
+
+func (s faultStore) Create(j jobs.Job) (jobs.Job, error) {
+	if s.beforeCreate != nil {
+		if f := s.beforeCreate.Swap(nil); f != nil {
+			(*f)()
+		}
+	}
+	return s.MemStore.Create(j)
 }
 
 func (s faultStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
@@ -65,11 +76,18 @@ func (s faultStore) Delete(id string) error {
 }
 
 func newFaultEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, opts ...envOption) (*env, *atomic.Int64, *atomic.Int64) {
-	var finishFails, deleteFails atomic.Int64
+	e, fs := newFaultStoreEnv(t, up, tenants, opts...)
+	return e, fs.finishFails, fs.deleteFails
+}
+
+func newFaultStoreEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, opts ...envOption) (*env, faultStore) {
+	fs := faultStore{finishFails: new(atomic.Int64), deleteFails: new(atomic.Int64), startFails: new(atomic.Int64),
+		beforeCreate: new(atomic.Pointer[func()])}
 	opts = append(opts, withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
-		return faultStore{MemStore: m, finishFails: &finishFails, deleteFails: &deleteFails}
+		fs.MemStore = m
+		return fs
 	}))
-	return newEnv(t, up, tenants, opts...), &finishFails, &deleteFails
+	return newEnv(t, up, tenants, opts...), fs
 }
 
 // TestCancelNotRecordedKeepsTheJobQueued: a DELETE whose cancellation the
@@ -198,21 +216,27 @@ func TestJobFinishNotRecordedIsRecordedLater(t *testing.T) {
 }
 
 // TestRefusedSubmissionDeleteNotRecordedIsRetried: a submission refused
-// after it was stored (a full queue) whose removal the store fails is
-// removed storeRetry later. It used to stay in the store as a queued job
-// the client had been told was refused: listed, never sent, never expired,
-// and queued again (then sent) by the next restart.
+// after it was stored (the tenant's queue filled up while it was being
+// stored) whose removal the store fails is removed storeRetry later. It
+// used to stay in the store as a queued job the client had been told was
+// refused: listed, never sent, never expired, and queued again (then sent)
+// by the next restart.
 func TestRefusedSubmissionDeleteNotRecordedIsRetried(t *testing.T) {
 	up := newUpstream(t, okJSON(10, 20))
 	tp := tenant("a", limiter.Limits{})
 	tp.MaxQueued = 1
-	e, _, deleteFails := newFaultEnv(t, up, []registry.TenantPolicy{tp})
+	e, fs := newFaultStoreEnv(t, up, []registry.TenantPolicy{tp})
 	e.pause(60 * time.Second)
-	first := e.submit("key-a", jobBody(10, 100, "")).ID
-	deleteFails.Store(1)
+	var first string
+	fill := func() { first = e.submit("key-a", jobBody(10, 100, "")).ID }
+	fs.beforeCreate.Store(&fill)
+	fs.deleteFails.Store(1)
 	resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 100, ""))
 	if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
 		t.Fatalf("second submission: %d %+v, want 429 %s", resp.StatusCode, body.Error, codeQueueFull)
+	}
+	if n := fs.deleteFails.Load(); n != 0 {
+		t.Fatalf("removals of the refused job tried: %d, want 1 (failed)", 1-n)
 	}
 	e.clock.Step(storeRetry)
 	e.gw.dispatch.wake()
@@ -242,15 +266,10 @@ func (e *env) queueWaitSamples() (uint64, float64) {
 // recorded (1 s). The start that failed used to be observed too.
 func TestQueueWaitObservedOnceWhenTheStartIsNotRecorded(t *testing.T) {
 	up := newUpstream(t, okJSON(10, 20))
-	var fails atomic.Int64
-	fails.Store(1)
-	var none atomic.Int64
-	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
-		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
-			return faultStore{MemStore: m, finishFails: &none, deleteFails: &none, startFails: &fails}
-		}))
+	e, fs := newFaultStoreEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	fs.startFails.Store(1)
 	id := e.submit("key-a", jobBody(10, 100, "")).ID
-	waitFor(t, "the failed start", func() bool { return fails.Load() == 0 })
+	waitFor(t, "the failed start", func() bool { return fs.startFails.Load() == 0 })
 	e.clock.Step(storeRetry)
 	e.gw.dispatch.wake()
 	waitFor(t, "the job to succeed", func() bool { return e.storeStatus(id) == jobs.StatusSucceeded })
@@ -290,5 +309,58 @@ func TestQueueWaitNeverNegative(t *testing.T) {
 	}
 	if n, sum := e.queueWaitSamples(); n != 1 || sum != 0 {
 		t.Errorf("queue wait samples %d, sum %gs; want 1 and 0s", n, sum)
+	}
+}
+
+// countingStore counts the store's writes.
+type countingStore struct {
+	*jobs.MemStore
+	creates, deletes *atomic.Int64
+}
+
+func (s countingStore) Create(j jobs.Job) (jobs.Job, error) {
+	s.creates.Add(1)
+	return s.MemStore.Create(j)
+}
+
+func (s countingStore) Delete(id string) error {
+	s.deletes.Add(1)
+	return s.MemStore.Delete(id)
+}
+
+// TestFullQueueRefusalWritesNothing: a submission refused because the
+// tenant's queue (or the pool's) is full costs the job store no write. Each
+// used to be stored and then deleted: two fsync'ed writes of a Volume store
+// per refusal, so a tenant retrying against its full queue took the disk's
+// write rate from every other tenant's submissions, starts and finishes.
+func TestFullQueueRefusalWritesNothing(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var creates, deletes atomic.Int64
+	tp := tenant("a", limiter.Limits{})
+	tp.MaxQueued = 1
+	e := newEnv(t, up, []registry.TenantPolicy{tp, tenant("b", limiter.Limits{})},
+		withPool(func(p *registry.PoolPolicy) { p.MaxQueuedJobs = 2 }),
+		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+			return countingStore{MemStore: m, creates: &creates, deletes: &deletes}
+		}))
+	e.pause(60 * time.Second)
+	e.submit("key-a", jobBody(10, 100, ""))
+	e.submit("key-b", jobBody(10, 100, ""))
+	for range 3 {
+		resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 100, ""))
+		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
+			t.Fatalf("submission over the tenant's bound: %d %+v, want 429 %s", resp.StatusCode, body.Error, codeQueueFull)
+		}
+		resp = e.do("POST", "/v1/jobs", "key-b", jobBody(10, 100, ""))
+		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != codePoolQueueFull {
+			t.Fatalf("submission over the pool's bound: %d %+v, want 503 %s", resp.StatusCode, body.Error, codePoolQueueFull)
+		}
+	}
+	resp := e.bulk("key-a", jobBody(10, 100, "")+"\n"+jobBody(10, 100, "")+"\n")
+	if b := decode[bulkResponse](t, resp); b.Refused != 2 {
+		t.Fatalf("bulk: %+v, want 2 refused", b)
+	}
+	if c, d := creates.Load(), deletes.Load(); c != 2 || d != 0 {
+		t.Errorf("store creates %d, deletes %d; want 2 (the queued jobs) and 0", c, d)
 	}
 }
