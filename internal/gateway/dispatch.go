@@ -1054,6 +1054,11 @@ func (d *dispatcher) enqueueAgain(now time.Time, fj *fairqueue.Job) {
 			err = errTenantGone
 			return
 		}
+		if d.pricedWith != (limiter.CostModel{}) {
+			// Priced in the queue's cost model, which may have changed
+			// while the job was out (repriceLocked skips it then).
+			fj.Cost = fj.Value.(*queued).queueCost(d.pricedWith)
+		}
 		pol := t.Policy()
 		q.SetTenant(fj.Tenant, pol.Weight, -1)
 		err = q.Enqueue(now, fj)
