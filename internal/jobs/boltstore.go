@@ -37,6 +37,9 @@ var (
 	// encrypts ids, so that the ids handed out stay valid cursors after a
 	// restart and on the replica that opens the file next.
 	keyIDKey = []byte("idkey")
+	// keyLegacyMax holds MemStore.legacyMax (8-byte big-endian), written
+	// when a version that encrypts ids first opens a file that holds jobs.
+	keyLegacyMax = []byte("legacymax")
 )
 
 // BoltStore is a durable Store in a single bbolt file (issue "Durable job
@@ -129,6 +132,9 @@ func (s *BoltStore) load() error {
 		if v := mb.Get(keySeq); len(v) == 8 {
 			m.seq = binary.BigEndian.Uint64(v)
 		}
+		if v := mb.Get(keyLegacyMax); len(v) == 8 {
+			m.legacyMax = binary.BigEndian.Uint64(v)
+		}
 		switch key := mb.Get(keyIDKey); {
 		case key == nil:
 			key = make([]byte, idKeySize)
@@ -137,6 +143,12 @@ func (s *BoltStore) load() error {
 				return err
 			}
 			m.ids = newIDCipher(key)
+			// Every id handed out so far has the earlier form.
+			if m.legacyMax = m.seq; m.legacyMax > 0 {
+				if err := mb.Put(keyLegacyMax, seqKey(m.legacyMax)); err != nil {
+					return err
+				}
+			}
 		case len(key) == idKeySize:
 			m.ids = newIDCipher(key)
 		default:
@@ -151,6 +163,11 @@ func (s *BoltStore) load() error {
 				return fmt.Errorf("job %x: %w", k, err)
 			}
 			j.seq = binary.BigEndian.Uint64(k)
+			if len(j.ID) == legacyIDLen {
+				// A file given its key by a version that did not record
+				// legacyMax: its legacy ids still held are cursors.
+				m.legacyMax = max(m.legacyMax, j.seq)
+			}
 			for _, raw := range []*json.RawMessage{&j.Body, &j.Metadata, &j.Response} {
 				if bytes.Equal(*raw, []byte("null")) {
 					*raw = nil

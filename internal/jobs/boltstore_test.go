@@ -195,6 +195,11 @@ func TestBoltStoreOpensAFileWithLegacyIDs(t *testing.T) {
 	if d := cmp.Diff([]string{j.ID}, ids(must(s.List("a", Filter{After: legacy[2]})))); d != "" {
 		t.Errorf("after the last legacy id (-want +got):\n%s", d)
 	}
+	// The earlier form is a cursor up to the last legacy id only: beyond
+	// it, it would show the sequence number of new jobs.
+	if _, _, err := s.List("a", Filter{After: "job_0000000000000004dddddddd"}); !errors.Is(err, ErrInvalidCursor) {
+		t.Errorf("legacy-form cursor past the legacy ids: %v, want ErrInvalidCursor", err)
+	}
 	k, err := s.Create(Job{Tenant: "a", Status: StatusQueued})
 	if err != nil {
 		t.Fatal(err)

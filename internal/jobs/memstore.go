@@ -37,6 +37,11 @@ type MemStore struct {
 	// AES-128 under the store's own key, set before the store is used and
 	// never changed.
 	ids cipher.Block
+	// legacyMax is the largest sequence number an id of the earlier form
+	// (legacyIDLen) may carry: the store's sequence when a version that
+	// encrypts ids first opened its file (0: the store never held such
+	// ids). Set before the store is used and never changed.
+	legacyMax uint64
 
 	mu       sync.Mutex
 	seq      uint64
@@ -135,7 +140,10 @@ const idPrefix = "job_"
 const legacyIDLen = len(idPrefix) + 16 + 8
 
 // seqOf returns the sequence number of an id made by newID (or of a legacy
-// id), and false for any other string.
+// id, up to legacyMax), and false for any other string. Legacy ids carry
+// their sequence number in the clear and cannot be checked: accepted past
+// the ids the store held in that form, forged ones would let a tenant
+// place its own jobs in the pool-wide sequence by listing after them.
 func (s *MemStore) seqOf(id string) (uint64, bool) {
 	switch {
 	case len(id) == len(idPrefix)+2*aes.BlockSize && id[:len(idPrefix)] == idPrefix:
@@ -150,7 +158,7 @@ func (s *MemStore) seqOf(id string) (uint64, bool) {
 		return binary.BigEndian.Uint64(b[:8]), true
 	case len(id) == legacyIDLen && id[:len(idPrefix)] == idPrefix:
 		seq, err := strconv.ParseUint(id[len(idPrefix):len(idPrefix)+16], 16, 64)
-		return seq, err == nil
+		return seq, err == nil && seq >= 1 && seq <= s.legacyMax
 	}
 	return 0, false
 }
