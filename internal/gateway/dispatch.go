@@ -90,7 +90,7 @@ type dispatcher struct {
 	// unrecorded holds, by job ID, the store writes that failed and must
 	// not be lost (a job's terminal status, the removal of a refused
 	// submission), and unrecordedAt when the next pass writes them again
-	// (storeRetry after the latest failure); guarded by mu. A job whose
+	// (storeRetry after the oldest of them failed); guarded by mu. A job whose
 	// terminal status is not recorded yet has left the dispatcher and
 	// reads as before (running, queued) until the write succeeds.
 	unrecorded   map[string]func()
@@ -934,12 +934,15 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 }
 
 // writeLater keeps a store write that failed (w makes it again, and calls
-// writeLater again when it fails again) for the first pass storeRetry from
-// now, and wakes the loop so that its wait covers it.
+// writeLater again when it fails again) for the first pass storeRetry after
+// the oldest write kept (so that failures that keep coming do not put the
+// retries off), and wakes the loop so that its wait covers it.
 func (d *dispatcher) writeLater(id string, w func()) {
 	d.mu.Lock()
+	if len(d.unrecorded) == 0 {
+		d.unrecordedAt = d.g.clock.Now().Add(storeRetry)
+	}
 	d.unrecorded[id] = w
-	d.unrecordedAt = d.g.clock.Now().Add(storeRetry)
 	d.mu.Unlock()
 	d.wake()
 }

@@ -364,3 +364,21 @@ func TestFullQueueRefusalWritesNothing(t *testing.T) {
 		t.Errorf("store creates %d, deletes %d; want 2 (the queued jobs) and 0", c, d)
 	}
 }
+
+// TestUnrecordedWritesAreNotPutOffByLaterFailures: a terminal status the
+// store failed to write is written again storeRetry after its failure even
+// when other writes fail meanwhile (a store failing now and then); each new
+// failure used to put every retry off by another storeRetry.
+func TestUnrecordedWritesAreNotPutOffByLaterFailures(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	finishFails.Store(2)
+	first := e.submit("key-a", jobBody(10, 100, "")).ID
+	waitFor(t, "the first failed finish", func() bool { return finishFails.Load() == 1 })
+	e.clock.Step(storeRetry / 2)
+	e.submit("key-a", jobBody(10, 100, ""))
+	waitFor(t, "the second failed finish", func() bool { return finishFails.Load() == 0 })
+	e.clock.Step(storeRetry / 2)
+	e.gw.dispatch.wake()
+	waitFor(t, "the first finish to be recorded", func() bool { return e.storeStatus(first) == jobs.StatusSucceeded })
+}
