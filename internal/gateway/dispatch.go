@@ -270,7 +270,13 @@ func (d *dispatcher) wake() {
 // then the timer waits at least a millisecond, so a pass that keeps
 // returning a time already due cannot spin.
 func (d *dispatcher) run(ctx context.Context) error {
-	defer d.wg.Wait()
+	defer func() {
+		d.wg.Wait()
+		// Last chance for the store writes kept for a retry (the store is
+		// closed after Run returns): a terminal status lost here leaves
+		// the job running in the store, sent again by the next scheduler.
+		d.writeUnrecorded(time.Time{})
+	}()
 	immediate := false
 	for {
 		next := d.pass(ctx)
@@ -329,22 +335,7 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	now := g.clock.Now()
 
 	// Store writes that failed, written again once storeRetry has passed.
-	d.mu.Lock()
-	var writes []func()
-	if len(d.unrecorded) > 0 {
-		if d.unrecordedAt.After(now) {
-			wakeAt = earliest(wakeAt, d.unrecordedAt)
-		} else {
-			for id, w := range d.unrecorded {
-				writes = append(writes, w)
-				delete(d.unrecorded, id)
-			}
-		}
-	}
-	d.mu.Unlock()
-	for _, w := range writes {
-		w() // a write failing again is put back by w
-	}
+	wakeAt = d.writeUnrecorded(now)
 
 	// Backoffs that have passed: back at the tenant's head.
 	d.mu.Lock()
@@ -931,6 +922,33 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 		}
 	}
 	g.notifyWebhook(job)
+}
+
+// writeUnrecorded makes again the store writes kept for a retry when their
+// time has come at now (all of them when now is zero); a write that fails
+// again is kept again by its function. It returns when the writes kept are
+// due (zero when none is kept or they were all made).
+func (d *dispatcher) writeUnrecorded(now time.Time) time.Time {
+	d.mu.Lock()
+	if len(d.unrecorded) == 0 {
+		d.mu.Unlock()
+		return time.Time{}
+	}
+	if !now.IsZero() && d.unrecordedAt.After(now) {
+		at := d.unrecordedAt
+		d.mu.Unlock()
+		return at
+	}
+	writes := make([]func(), 0, len(d.unrecorded))
+	for id, w := range d.unrecorded {
+		writes = append(writes, w)
+		delete(d.unrecorded, id)
+	}
+	d.mu.Unlock()
+	for _, w := range writes {
+		w()
+	}
+	return time.Time{}
 }
 
 // writeLater keeps a store write that failed (w makes it again, and calls

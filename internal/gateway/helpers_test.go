@@ -121,6 +121,9 @@ type env struct {
 	up    *upstream
 	store *jobs.MemStore
 	prom  *prometheus.Registry
+	// stopRun stops the gateway's Run (as a scheduler shutdown does) and
+	// waits for it to return.
+	stopRun func()
 }
 
 type envConfig struct {
@@ -207,7 +210,8 @@ func newEnv(t testing.TB, up *upstream, tenants []registry.TenantPolicy, opts ..
 		<-done
 		srv.Close()
 	})
-	return &env{t: t, clock: fc, reg: reg, gw: gw, srv: srv, up: up, store: store, prom: prom}
+	return &env{t: t, clock: fc, reg: reg, gw: gw, srv: srv, up: up, store: store, prom: prom,
+		stopRun: func() { cancel(); <-done }}
 }
 
 // tenant returns a tenant policy with key "key-<id>".

@@ -382,3 +382,19 @@ func TestUnrecordedWritesAreNotPutOffByLaterFailures(t *testing.T) {
 	e.gw.dispatch.wake()
 	waitFor(t, "the first finish to be recorded", func() bool { return e.storeStatus(first) == jobs.StatusSucceeded })
 }
+
+// TestUnrecordedFinishWrittenAtShutdown: a terminal status the store failed
+// to write is written once more when the scheduler stops, before the store
+// is closed, instead of being lost with the process: the job's record
+// said running, and the next scheduler sent the succeeded job again.
+func TestUnrecordedFinishWrittenAtShutdown(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	finishFails.Store(1)
+	id := e.submit("key-a", jobBody(10, 100, "")).ID
+	waitFor(t, "the failed finish", func() bool { return finishFails.Load() == 0 })
+	e.stopRun()
+	if st := e.storeStatus(id); st != jobs.StatusSucceeded {
+		t.Errorf("status after the stop: %s, want succeeded", st)
+	}
+}
