@@ -548,8 +548,8 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 			d.requeueLocked(q, fj)
 		})
 		if gone {
-			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
-				Message: "The tenant's TenantQuota was removed; the job was not sent."})
+			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
+				"The tenant's TenantQuota was removed", d.attemptsOf(fj.ID)))
 		}
 	}
 	// BC-37: the deadline is re-checked at dispatch; a late job is not sent.
@@ -855,12 +855,29 @@ func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.
 // never charged, counted (BC-35).
 func (d *dispatcher) expire(now time.Time, list []*fairqueue.Job) {
 	for _, fj := range list {
-		attempts := 0
-		if j, err := d.g.store.Get(fj.ID); err == nil {
-			attempts = j.Attempts
-		}
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, deadlineError(attempts))
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusExpired, deadlineError(d.attemptsOf(fj.ID)))
 	}
+}
+
+// attemptsOf is the number of upstream calls made for the stored job (0
+// when it is not stored).
+func (d *dispatcher) attemptsOf(id string) int {
+	if j, err := d.g.store.Get(id); err == nil {
+		return j.Attempts
+	}
+	return 0
+}
+
+// unsentError is the error of a job that fails with code before it could
+// be sent (again), for the reason why: "the job was not sent." for a job
+// never sent, "the job was not sent again (attempts: N)." for one the
+// provider was sent already (a retried 5xx or timeout, a provider 429, a
+// call cut off by a restart), which the provider may have processed.
+func unsentError(code, why string, attempts int) jobs.Error {
+	if attempts == 0 {
+		return jobs.Error{Code: code, Message: why + "; the job was not sent."}
+	}
+	return jobs.Error{Code: code, Message: fmt.Sprintf("%s; the job was not sent again (attempts: %d).", why, attempts)}
 }
 
 // deadlineError is the error of a job that reached its deadline while
@@ -1090,8 +1107,8 @@ func (d *dispatcher) enqueueAgain(now time.Time, fj *fairqueue.Job) {
 	case errors.Is(err, fairqueue.ErrExpired):
 		d.expire(now, []*fairqueue.Job{fj})
 	case errors.Is(err, errTenantGone):
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
-			Message: "The tenant's TenantQuota was removed; the job was not sent."})
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
+			"The tenant's TenantQuota was removed", d.attemptsOf(fj.ID)))
 	default:
 		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: codeQueueFull,
 			Message: fmt.Sprintf("The job could not be queued again: %v.", err)})
@@ -1128,8 +1145,8 @@ func (g *Gateway) tenantRemoved(t *registry.Tenant) {
 			}
 			if removed {
 				failed++
-				d.finish(now, j.ID, t.ID, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
-					Message: "The tenant's TenantQuota was removed; the job was not sent."})
+				d.finish(now, j.ID, t.ID, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
+					"The tenant's TenantQuota was removed", j.Attempts))
 			}
 		}
 		if !more || len(list) == 0 {
@@ -1179,8 +1196,8 @@ func (g *Gateway) modelRemoved(model string) {
 	}
 	now := g.clock.Now()
 	for _, fj := range append(gone, retried...) {
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeModelRemoved,
-			Message: fmt.Sprintf("The model %q is no longer served by the pool; the job was not sent.", model)})
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeModelRemoved,
+			fmt.Sprintf("The model %q is no longer served by the pool", model), d.attemptsOf(fj.ID)))
 	}
 	if len(gone)+len(retried) > 0 {
 		g.log.Info("Model removed from the pool: its queued jobs failed", "model", model, "failedJobs", len(gone)+len(retried))

@@ -81,8 +81,8 @@ func (g *Gateway) recover(ctx context.Context) error {
 		t := g.reg.Tenant(j.Tenant)
 		if t == nil {
 			st.failed++
-			d.finish(now, j.ID, j.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved,
-				Message: "The tenant's TenantQuota was removed while the scheduler was restarting; the job was not sent."})
+			d.finish(now, j.ID, j.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
+				"The tenant's TenantQuota was removed while the scheduler was restarting", j.Attempts))
 			continue
 		}
 		if !now.Before(j.Deadline) {

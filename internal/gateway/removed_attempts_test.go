@@ -1,0 +1,85 @@
+package gateway
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// TestRemovalFailuresCountTheAttempts: a job failed because its tenant or
+// its model was removed after the provider had already been sent it (here
+// once: a 500, the job waiting for its retry) says so, as an expiry does
+// ("not sent again (attempts: 1)"); it said "the job was not sent", which
+// the provider's own records and the job's attempts contradicted. A job
+// never sent still says it was not sent.
+func TestRemovalFailuresCountTheAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name, code, want string
+		remove           func(e *env)
+	}{
+		{"tenant", jobCodeTenantRemoved, "The tenant's TenantQuota was removed; the job was not sent again (attempts: 1).",
+			func(e *env) { e.reg.RemoveTenant("a") }},
+		{"model", jobCodeModelRemoved, `The model "` + testModel + `" is no longer served by the pool; the job was not sent again (attempts: 1).`,
+			func(e *env) {
+				pol := *e.reg.Pool()
+				pol.Models = []registry.ModelPolicy{{Name: "gpt-other", TokensPerMinute: 1000000, RequestsPerMinute: 10000}}
+				if err := e.reg.SetPool(pol); err != nil {
+					e.t.Fatal(err)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				w.WriteHeader(http.StatusInternalServerError)
+			})
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+			sent := e.submit("key-a", jobBody(10, 100, "")).ID
+			waitFor(t, "the first attempt to fail and wait for its retry", func() bool {
+				j, err := e.store.Get(sent)
+				return err == nil && j.Attempts == 1 && j.Status == jobs.StatusQueued
+			})
+			e.pause(time.Hour) // the second job is never sent (nor the first again: the clock stands still)
+			unsent := e.submit("key-a", jobBody(10, 100, "")).ID
+			tc.remove(e)
+			waitFor(t, "the sent job to fail", func() bool { return e.storeStatus(sent) == jobs.StatusFailed })
+			if j, _ := e.store.Get(sent); j.Error == nil || j.Error.Code != tc.code || j.Error.Message != tc.want {
+				t.Errorf("sent job's error %+v, want %s %q", j.Error, tc.code, tc.want)
+			}
+			waitFor(t, "the unsent job to fail", func() bool { return e.storeStatus(unsent) == jobs.StatusFailed })
+			if j, _ := e.store.Get(unsent); j.Error == nil || j.Attempts != 0 || !strings.HasSuffix(j.Error.Message, "; the job was not sent.") {
+				t.Errorf("unsent job's error %+v (attempts %d), want one saying it was not sent", j.Error, j.Attempts)
+			}
+		})
+	}
+}
+
+// TestRecoveredJobOfRemovedTenantCountsTheAttempts: a job running when the
+// scheduler stopped, whose tenant was removed before the restart, fails
+// saying it was not sent again after its attempt, not that it was not sent.
+func TestRecoveredJobOfRemovedTenantCountsTheAttempts(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	var id string
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, c *clocktesting.FakeClock) jobs.Store {
+			j, err := m.Create(jobs.Job{Tenant: "gone", Status: jobs.StatusRunning, Endpoint: endpointCompletions, Model: testModel,
+				Body: []byte(completionsBody(10, 100, "")), PromptTokens: 10, MaxOutputTokens: 100,
+				CreatedAt: c.Now(), StartedAt: c.Now(), Deadline: c.Now().Add(time.Hour), Attempts: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id = j.ID
+			return m
+		}))
+	waitFor(t, "the recovered job to fail", func() bool { return e.storeStatus(id) == jobs.StatusFailed })
+	want := "The tenant's TenantQuota was removed while the scheduler was restarting; the job was not sent again (attempts: 1)."
+	if j, _ := e.store.Get(id); j.Error == nil || j.Error.Code != jobCodeTenantRemoved || j.Error.Message != want {
+		t.Errorf("error %+v, want %s %q", j.Error, jobCodeTenantRemoved, want)
+	}
+}
