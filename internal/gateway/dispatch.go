@@ -87,9 +87,9 @@ type dispatcher struct {
 	mu      sync.Mutex
 	retries map[string]retry
 
-	// unrecorded holds, by job ID, the store writes that failed and must
-	// not be lost (a job's terminal status, the removal of a refused
-	// submission), and unrecordedAt when the next pass writes them again
+	// unrecorded holds, by job ID (or "webhook " and the job ID), the store
+	// writes that failed and must not be lost (a job's terminal status, the
+	// removal of a refused submission, a webhook's state), and unrecordedAt when the next pass writes them again
 	// (storeRetry after the oldest of them failed); guarded by mu. A job whose
 	// terminal status is not recorded yet has left the dispatcher and
 	// reads as before (running, queued) until the write succeeds.
@@ -980,6 +980,14 @@ func (d *dispatcher) writeLater(id string, w func()) {
 	d.unrecorded[id] = w
 	d.mu.Unlock()
 	d.wake()
+}
+
+// dropLater forgets the write kept for a retry under key, if any (a later
+// write made it out of date).
+func (d *dispatcher) dropLater(key string) {
+	d.mu.Lock()
+	delete(d.unrecorded, key)
+	d.mu.Unlock()
 }
 
 // removeRefused removes from the store a submission stored and then

@@ -29,6 +29,9 @@ type faultStore struct {
 	*jobs.MemStore
 	finishFails, deleteFails *atomic.Int64
 	startFails               *atomic.Int64
+	// webhookFails fails the next writes that give a finished job's
+	// webhook a final state (delivered, failed).
+	webhookFails *atomic.Int64
 	// beforeCreate, when set, is taken and run before the next Create.
 	beforeCreate *atomic.Pointer[func()]
 }
@@ -44,7 +47,7 @@ func (s faultStore) Create(j jobs.Job) (jobs.Job, error) {
 
 func (s faultStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
 	j, err := s.MemStore.Get(id)
-	if err != nil || j.Status.Finished() {
+	if err != nil {
 		return s.MemStore.Update(id, fn)
 	}
 	// fn runs once, on a copy, as BoltStore encodes the changed job before
@@ -53,7 +56,11 @@ func (s faultStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error
 	if err := fn(&probe); err != nil {
 		return j, err
 	}
-	if probe.Status.Finished() && s.finishFails.Add(-1) >= 0 {
+	if j.Status.Finished() && probe.WebhookStatus != j.WebhookStatus && (probe.WebhookStatus == webhookDelivered || probe.WebhookStatus == webhookFailed) &&
+		s.webhookFails != nil && s.webhookFails.Add(-1) >= 0 {
+		return j, errVolumeFull
+	}
+	if !j.Status.Finished() && probe.Status.Finished() && s.finishFails.Add(-1) >= 0 {
 		return j, errVolumeFull
 	}
 	if j.Status == jobs.StatusQueued && probe.Status == jobs.StatusRunning && s.startFails != nil && s.startFails.Add(-1) >= 0 {
@@ -82,7 +89,7 @@ func newFaultEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, op
 
 func newFaultStoreEnv(t *testing.T, up *upstream, tenants []registry.TenantPolicy, opts ...envOption) (*env, faultStore) {
 	fs := faultStore{finishFails: new(atomic.Int64), deleteFails: new(atomic.Int64), startFails: new(atomic.Int64),
-		beforeCreate: new(atomic.Pointer[func()])}
+		webhookFails: new(atomic.Int64), beforeCreate: new(atomic.Pointer[func()])}
 	opts = append(opts, withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
 		fs.MemStore = m
 		return fs
@@ -396,5 +403,38 @@ func TestUnrecordedFinishWrittenAtShutdown(t *testing.T) {
 	e.stopRun()
 	if st := e.storeStatus(id); st != jobs.StatusSucceeded {
 		t.Errorf("status after the stop: %s, want succeeded", st)
+	}
+}
+
+// TestWebhookStateNotRecordedIsRecordedLater: a completion webhook's final
+// state (delivered, failed) that the store fails to write is written again
+// storeRetry later, with its attempts; it was dropped, so the job showed
+// webhook_status "pending" (0 attempts) after its delivery, and the next
+// scheduler delivered it again.
+func TestWebhookStateNotRecordedIsRecordedLater(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		want   string
+	}{{204, webhookDelivered}, {400, webhookFailed}} {
+		t.Run(tc.want, func(t *testing.T) {
+			up := newUpstream(t, okJSON(10, 20))
+			e, fs := newFaultStoreEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+			t.Cleanup(func() { stopWebhooks(e.gw) })
+			h := newHookServer(t, tc.status)
+			fs.webhookFails.Store(1)
+			id := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+h.srv.URL+`"`)).ID
+			waitFor(t, "the failed webhook state write", func() bool { return fs.webhookFails.Load() == 0 })
+			if st, n := e.webhookState(id); st != webhookPending || n != 0 {
+				t.Fatalf("webhook state after the failed write: %s %d, want pending 0 (not recorded yet)", st, n)
+			}
+			e.clock.Step(storeRetry)
+			e.gw.dispatch.wake()
+			if n := waitWebhook(t, e, id, tc.want); n != 1 {
+				t.Errorf("webhook attempts %d, want 1", n)
+			}
+			if n := len(h.calls()); n != 1 {
+				t.Errorf("deliveries %d, want 1", n)
+			}
+		})
 	}
 }

@@ -252,16 +252,48 @@ func (n *webhookNotifier) recoverDeliver(id string) {
 	n.count(webhookOutcomeFailed)
 }
 
+// errStaleWebhookState refuses a webhook state older than the one stored.
+var errStaleWebhookState = errors.New("a later webhook state is stored")
+
 // setState records the delivery state in the store (counting an attempt
-// when attempted is true).
+// when attempted is true). A write the store fails is made again later
+// (dispatcher.writeLater), as the job's terminal status is: dropped, the
+// job would show its webhook pending after its delivery, and the next
+// scheduler would deliver it again.
 func (n *webhookNotifier) setState(id, state string, attempted bool) {
-	_, _ = n.g.store.Update(id, func(j *jobs.Job) error {
-		j.WebhookStatus = state
-		if attempted {
-			j.WebhookAttempts++
+	j, err := n.g.store.Get(id)
+	if err != nil {
+		return // pruned
+	}
+	attempts := j.WebhookAttempts
+	if attempted {
+		attempts++
+	}
+	n.writeState(id, state, attempts)
+}
+
+// writeState writes the delivery state and the attempts made so far. A
+// job's deliveries are made one after another, so a state is stale (and
+// not written) when the stored one has more attempts, or as many and a
+// final state where this one is pending: a write made again later never
+// undoes a later one.
+func (n *webhookNotifier) writeState(id, state string, attempts int) {
+	key := "webhook " + id
+	_, err := n.g.store.Update(id, func(j *jobs.Job) error {
+		if j.WebhookAttempts > attempts || (j.WebhookAttempts == attempts && state == webhookPending &&
+			(j.WebhookStatus == webhookDelivered || j.WebhookStatus == webhookFailed)) {
+			return errStaleWebhookState
 		}
+		j.WebhookStatus, j.WebhookAttempts = state, attempts
 		return nil
 	})
+	d := n.g.dispatch
+	if err == nil || errors.Is(err, errStaleWebhookState) || errors.Is(err, jobs.ErrNotFound) {
+		d.dropLater(key) // an earlier state kept for a retry is out of date
+		return
+	}
+	n.g.log.Error(err, "recording a completion webhook's state failed; it is written again later", "job", id, "state", state)
+	d.writeLater(key, func() { n.writeState(id, state, attempts) })
 }
 
 // deliver POSTs body to target until a 2xx, a permanent refusal, the last
