@@ -110,6 +110,14 @@ func TestCancelNotRecordedKeepsTheJobQueued(t *testing.T) {
 		e, finishFails, _ := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
 		e.pause(60 * time.Second)
 		id := e.submit("key-a", jobBody(10, 100, "")).ID
+		// The first pass tries the job, the paused model refuses it, and
+		// it goes back to the queue; no pass takes it out again before the
+		// pause ends (a DELETE meanwhile is 409 "being dispatched").
+		waitFor(t, "the dispatcher to wait with the job queued", func() bool {
+			var queued bool
+			e.reg.WithQueue(func(q *fairqueue.Queue) { queued = q.Queued(e.gw.dispatch.byID[id]) })
+			return queued && e.clock.HasWaiters()
+		})
 		finishFails.Store(1)
 		resp := e.do("DELETE", "/v1/jobs/"+id, "key-a", "")
 		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusInternalServerError || body.Error.Code != "store_error" {
@@ -353,6 +361,11 @@ func TestFullQueueRefusalWritesNothing(t *testing.T) {
 	e.pause(60 * time.Second)
 	e.submit("key-a", jobBody(10, 100, ""))
 	e.submit("key-b", jobBody(10, 100, ""))
+	waitFor(t, "the dispatcher to wait with both jobs queued", func() bool {
+		var n int
+		e.reg.WithQueue(func(q *fairqueue.Queue) { n = q.Total() })
+		return n == 2 && e.clock.HasWaiters()
+	})
 	for range 3 {
 		resp := e.do("POST", "/v1/jobs", "key-a", jobBody(10, 100, ""))
 		if body := decode[errorBody](t, resp); resp.StatusCode != http.StatusTooManyRequests || body.Error.Code != codeQueueFull {
