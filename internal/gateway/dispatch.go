@@ -157,6 +157,16 @@ func (d *dispatcher) unholdLocked(tenant string) {
 	d.held[tenant]--
 }
 
+// heldTotalLocked is the number of jobs of all tenants counted in held;
+// the queue lock must be held.
+func (d *dispatcher) heldTotalLocked() int {
+	n := 0
+	for _, c := range d.held {
+		n += c
+	}
+	return n
+}
+
 // trackLocked records a job just enqueued in the fair queue; the queue lock
 // must be held.
 func (d *dispatcher) trackLocked(fj *fairqueue.Job) { d.byID[fj.ID] = fj }

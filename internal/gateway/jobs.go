@@ -283,8 +283,9 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			return fmt.Errorf("%w: tenant %q has %d jobs queued or about to be sent (max %d)", fairqueue.ErrTenantFull, t.ID, n, pol.MaxQueued)
 		}
 		// Jobs waiting for a retry backoff are queued too (the fair queue
-		// counts only the rest against Config.MaxTotal).
-		if n := q.Total() + g.dispatch.retryingTotal; pool.MaxQueuedJobs > 0 && n >= pool.MaxQueuedJobs {
+		// counts only the rest against Config.MaxTotal), and so are jobs
+		// taken out and not yet sent, as for the tenant's bound.
+		if n := q.Total() + g.dispatch.retryingTotal + g.dispatch.heldTotalLocked(); pool.MaxQueuedJobs > 0 && n >= pool.MaxQueuedJobs {
 			return fmt.Errorf("%w: %d jobs queued (max %d)", fairqueue.ErrPoolFull, n, pool.MaxQueuedJobs)
 		}
 		return nil

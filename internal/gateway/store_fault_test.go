@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -450,4 +452,52 @@ func TestWebhookStateNotRecordedIsRecordedLater(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPoolBoundCountsJobsBeingDispatched: a job the dispatcher has taken
+// out of the queue and not yet sent holds its place in the pool's
+// maxQueuedJobs, as it does in its tenant's bound: another tenant's
+// submission in that instant is refused 503 pool_queue_full, and when the
+// paused model sends the job back to the queue the pool holds 1 job, its
+// bound. It used to be accepted, leaving the pool one job over its bound.
+func TestPoolBoundCountsJobsBeingDispatched(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})},
+		withPool(func(p *registry.PoolPolicy) { p.MaxQueuedJobs = 1 }))
+	e.pause(60 * time.Second)
+	codes := make(chan int, 1)
+	var once sync.Once
+	hook := func(*fairqueue.Job) {
+		once.Do(func() {
+			resp, err := http.DefaultClient.Do(mustJobRequestAs(e, "key-b", jobBody(10, 100, "")))
+			if err != nil {
+				codes <- -1
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	e.gw.dispatch.dequeuedHook.Store(&hook)
+	e.submit("key-a", jobBody(10, 100, ""))
+	if code := <-codes; code != http.StatusServiceUnavailable {
+		t.Errorf("submission while the pool's only job is being dispatched: %d, want 503", code)
+	}
+	waitFor(t, "the job to be put back", func() bool {
+		var held int
+		e.reg.WithQueue(func(q *fairqueue.Queue) { held = e.gw.dispatch.held["a"] })
+		return held == 0
+	})
+	var n int
+	e.reg.WithQueue(func(q *fairqueue.Queue) { n = q.Total() })
+	if n != 1 {
+		t.Errorf("jobs queued in the pool: %d, want 1 (its bound)", n)
+	}
+}
+
+func mustJobRequestAs(e *env, key, body string) *http.Request {
+	req := mustJobRequest(e, body)
+	req.Header.Set("Authorization", "Bearer "+key)
+	return req
 }
