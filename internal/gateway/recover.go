@@ -37,6 +37,8 @@ type recoveryStats struct {
 //     scheduler was down): failed with code tenant_removed;
 //   - the deadline has passed: expired (deadline_exceeded), counted as an
 //     expiry and never charged (BC-35);
+//   - the model is no longer served by the pool: failed with code
+//     model_not_found, unsent;
 //   - running when the process stopped: back to queued with Attempts kept
 //     and Recovered set. Delivery toward the provider is at-least-once: the
 //     interrupted call may have been processed by the provider, and the job
@@ -88,6 +90,16 @@ func (g *Gateway) recover(ctx context.Context) error {
 		if !now.Before(j.Deadline) {
 			st.expired++
 			d.finish(now, j.ID, j.Tenant, jobs.StatusExpired, deadlineError(j.Attempts))
+			continue
+		}
+		if g.reg.Model(j.Model) == nil {
+			// Taken out of the pool while the scheduler was down: failed
+			// now, as a live removal fails its queued jobs (modelRemoved),
+			// rather than queued to take its tenant's turn and fail at
+			// start.
+			st.failed++
+			d.finish(now, j.ID, j.Tenant, jobs.StatusFailed, unsentError(jobCodeModelRemoved,
+				fmt.Sprintf("The model %q is no longer served by the pool", j.Model), j.Attempts))
 			continue
 		}
 		if j.Status == jobs.StatusRunning {

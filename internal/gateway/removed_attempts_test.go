@@ -83,3 +83,41 @@ func TestRecoveredJobOfRemovedTenantCountsTheAttempts(t *testing.T) {
 		t.Errorf("error %+v, want %s %q", j.Error, jobCodeTenantRemoved, want)
 	}
 }
+
+// TestRecoveredJobsOfRemovedModelCostNoTurn: a stored job for a model the
+// pool no longer serves (taken out while the scheduler was down) fails at
+// recovery with model_not_found, unsent, as a live removal fails it
+// (TestRemovedModelJobsCostNoTurn), instead of being queued: queued, it was
+// dispatched in its tenant's turn, charged the tenant's deficit and failed
+// at start, so the tenant's next job went after the other tenant's. Tenant
+// a has the stale job then one for gpt-test, tenant b one for gpt-test;
+// each job is one quantum: a's gpt-test job is sent first.
+func TestRecoveredJobsOfRemovedModelCostNoTurn(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 10))
+	var stale, ax, bx string
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{}), tenant("b", limiter.Limits{})},
+		withPool(func(p *registry.PoolPolicy) { p.Quantum = 20 }),
+		withStore(func(m *jobs.MemStore, c *clocktesting.FakeClock) jobs.Store {
+			create := func(tenant, model string) string {
+				j, err := m.Create(jobs.Job{Tenant: tenant, Status: jobs.StatusQueued, Endpoint: endpointCompletions, Model: model,
+					Body: []byte(strings.Replace(completionsBody(10, 10, ""), testModel, model, 1)), PromptTokens: 10, MaxOutputTokens: 10,
+					CreatedAt: c.Now(), Deadline: c.Now().Add(time.Hour)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return j.ID
+			}
+			stale, ax, bx = create("a", "gpt-gone"), create("a", testModel), create("b", testModel)
+			return m
+		}))
+	waitFor(t, "every job to finish", func() bool {
+		return e.storeStatus(stale).Finished() && e.storeStatus(ax).Finished() && e.storeStatus(bx).Finished()
+	})
+	want := `The model "gpt-gone" is no longer served by the pool; the job was not sent.`
+	if j, _ := e.store.Get(stale); j.Status != jobs.StatusFailed || j.Error == nil || j.Error.Code != jobCodeModelRemoved || j.Error.Message != want {
+		t.Errorf("stale job: %s %+v, want failed %s %q", j.Status, j.Error, jobCodeModelRemoved, want)
+	}
+	if j, _ := e.store.Get(ax); j.DispatchSeq != 1 {
+		t.Errorf("a's gpt-test job was sent %d-th, want first (its stale job took no turn)", j.DispatchSeq)
+	}
+}
