@@ -93,7 +93,7 @@ type dispatcher struct {
 	// (storeRetry after the oldest of them failed); guarded by mu. A job whose
 	// terminal status is not recorded yet has left the dispatcher and
 	// reads as before (running, queued) until the write succeeds.
-	unrecorded   map[string]func()
+	unrecorded   map[string]kept
 	unrecordedAt time.Time
 
 	// held counts, per tenant, the jobs the loop has taken out of the fair
@@ -142,7 +142,7 @@ type dispatcher struct {
 }
 
 func newDispatcher(g *Gateway) *dispatcher {
-	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, unrecorded: map[string]func(){}, held: map[string]int{}, retrying: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
+	d := &dispatcher{g: g, wakeCh: make(chan struct{}, 1), retries: map[string]retry{}, unrecorded: map[string]kept{}, held: map[string]int{}, retrying: map[string]int{}, byID: map[string]*fairqueue.Job{}, blocked: map[string]time.Time{}}
 	d.jobsWaiting.Store(true) // until the first pass looks
 	return d
 }
@@ -951,6 +951,14 @@ func (d *dispatcher) finishWith(now time.Time, id, tenant string, st jobs.Status
 	g.notifyWebhook(job)
 }
 
+// kept is a store write kept for a retry: w makes it again; rank orders
+// the writes kept under one key (a webhook's states: a later state has a
+// higher rank), so that an earlier one never replaces or drops it.
+type kept struct {
+	w    func()
+	rank int
+}
+
 // writeUnrecorded makes again the store writes kept for a retry when their
 // time has come at now (all of them when now is zero); a write that fails
 // again is kept again by its function. It returns when the writes kept are
@@ -967,8 +975,8 @@ func (d *dispatcher) writeUnrecorded(now time.Time) time.Time {
 		return at
 	}
 	writes := make([]func(), 0, len(d.unrecorded))
-	for id, w := range d.unrecorded {
-		writes = append(writes, w)
+	for id, k := range d.unrecorded {
+		writes = append(writes, k.w)
 		delete(d.unrecorded, id)
 	}
 	d.mu.Unlock()
@@ -982,21 +990,33 @@ func (d *dispatcher) writeUnrecorded(now time.Time) time.Time {
 // writeLater again when it fails again) for the first pass storeRetry after
 // the oldest write kept (so that failures that keep coming do not put the
 // retries off), and wakes the loop so that its wait covers it.
-func (d *dispatcher) writeLater(id string, w func()) {
+func (d *dispatcher) writeLater(id string, w func()) { d.writeLaterRank(id, 0, w) }
+
+// writeLaterRank is writeLater for a write of the given rank: a write of a
+// higher rank kept under the same key (kept meanwhile, while this one was
+// being made again) is kept instead.
+func (d *dispatcher) writeLaterRank(id string, rank int, w func()) {
 	d.mu.Lock()
+	if k, ok := d.unrecorded[id]; ok && k.rank > rank {
+		d.mu.Unlock()
+		return
+	}
 	if len(d.unrecorded) == 0 {
 		d.unrecordedAt = d.g.clock.Now().Add(storeRetry)
 	}
-	d.unrecorded[id] = w
+	d.unrecorded[id] = kept{w: w, rank: rank}
 	d.mu.Unlock()
 	d.wake()
 }
 
-// dropLater forgets the write kept for a retry under key, if any (a later
-// write made it out of date).
-func (d *dispatcher) dropLater(key string) {
+// dropLater forgets the write kept for a retry under key, if any, when its
+// rank is at most rank (a write of that rank just made, or found out of
+// date, makes it out of date).
+func (d *dispatcher) dropLater(key string, rank int) {
 	d.mu.Lock()
-	delete(d.unrecorded, key)
+	if k, ok := d.unrecorded[key]; ok && k.rank <= rank {
+		delete(d.unrecorded, key)
+	}
 	d.mu.Unlock()
 }
 

@@ -288,12 +288,20 @@ func (n *webhookNotifier) writeState(id, state string, attempts int) {
 		return nil
 	})
 	d := n.g.dispatch
+	// A later state is one with more attempts, or as many and final: a
+	// state kept for a retry is replaced or dropped only by one as late
+	// (a delivery's write failing while an earlier state kept for a retry
+	// is being written again must not be undone by it).
+	rank := 2 * attempts
+	if state != webhookPending {
+		rank++
+	}
 	if err == nil || errors.Is(err, errStaleWebhookState) || errors.Is(err, jobs.ErrNotFound) {
-		d.dropLater(key) // an earlier state kept for a retry is out of date
+		d.dropLater(key, rank) // an earlier state kept for a retry is out of date
 		return
 	}
 	n.g.log.Error(err, "recording a completion webhook's state failed; it is written again later", "job", id, "state", state)
-	d.writeLater(key, func() { n.writeState(id, state, attempts) })
+	d.writeLaterRank(key, rank, func() { n.writeState(id, state, attempts) })
 }
 
 // deliver POSTs body to target until a 2xx, a permanent refusal, the last

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fairshare-dev/fairshare/internal/jobs"
+	"github.com/fairshare-dev/fairshare/internal/limiter"
+	"github.com/fairshare-dev/fairshare/internal/registry"
+)
+
+// hookedStore fails every Update while failing is set, and runs
+// beforeUpdate (once) before the next Update.
+type hookedStore struct {
+	*jobs.MemStore
+	failing      *atomic.Bool
+	beforeUpdate *atomic.Pointer[func()]
+}
+
+func (s hookedStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job, error) {
+	if f := s.beforeUpdate.Swap(nil); f != nil {
+		(*f)()
+	}
+	if s.failing.Load() {
+		j, _ := s.MemStore.Get(id)
+		return j, errVolumeFull
+	}
+	return s.MemStore.Update(id, fn)
+}
+
+// TestWebhookStateKeptIsNotUndoneByAnEarlierOne: a delivery's state the
+// store fails to write while an earlier state kept for a retry is being
+// written again (the delivery's next attempt ends meanwhile) is kept, and
+// written: the earlier write, whether it succeeds or fails again, neither
+// drops it nor replaces it. The job used to end with webhook_status
+// "pending" after its delivery (delivered again by the next scheduler).
+func TestWebhookStateKeptIsNotUndoneByAnEarlierOne(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		earlierFails bool
+	}{{"earlier written", false}, {"earlier fails again", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := hookedStore{failing: new(atomic.Bool), beforeUpdate: new(atomic.Pointer[func()])}
+			up := newUpstream(t, okJSON(10, 20))
+			e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+				withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+					hs.MemStore = m
+					return hs
+				}))
+			t.Cleanup(func() { stopWebhooks(e.gw) })
+			now := e.clock.Now()
+			j, err := hs.MemStore.Create(jobs.Job{Tenant: "a", Status: jobs.StatusSucceeded, Model: "m",
+				CreatedAt: now, FinishedAt: now, Deadline: now.Add(time.Hour), WebhookURL: "https://hooks.example/x",
+				WebhookStatus: webhookPending})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, d := e.gw.hooks, e.gw.dispatch
+			// Attempt 1 failed; its state is not recorded.
+			hs.failing.Store(true)
+			n.writeState(j.ID, webhookPending, 1)
+			// While it is written again, attempt 2 delivers, and that
+			// state is not recorded either.
+			during := func() {
+				n.writeState(j.ID, webhookDelivered, 1) // read over the unrecorded attempt
+				hs.failing.Store(tc.earlierFails)
+			}
+			hs.beforeUpdate.Store(&during)
+			d.writeUnrecorded(time.Time{})
+			hs.failing.Store(false)
+			d.writeUnrecorded(time.Time{})
+			d.writeUnrecorded(time.Time{})
+			if st, a := e.webhookState(j.ID); st != webhookDelivered || a != 1 {
+				t.Errorf("webhook state %s %d, want delivered 1", st, a)
+			}
+		})
+	}
+}
