@@ -232,7 +232,7 @@ func (n *webhookNotifier) enqueue(j jobs.Job) {
 		defer n.wg.Done()
 		defer func() { <-n.slots }()
 		defer n.recoverDeliver(j.ID)
-		n.deliver(j.ID, j.Tenant, j.WebhookURL, body)
+		n.deliver(j.ID, j.Tenant, j.WebhookURL, body, j.WebhookAttempts)
 	}()
 }
 
@@ -306,25 +306,29 @@ func (n *webhookNotifier) writeState(id, state string, attempts int) {
 
 // deliver POSTs body to target until a 2xx, a permanent refusal, the last
 // attempt or stop. tenant is the job's tenant, whose signing secret (read
-// at each attempt, so a rotated secret applies) signs the body.
-func (n *webhookNotifier) deliver(id, tenant, target string, body []byte) {
+// at each attempt, so a rotated secret applies) signs the body. base is
+// the attempts made by earlier schedulers (stored before this delivery):
+// each state is recorded with base and the attempts made so far, not with
+// the stored count plus one, which lags while a state the store failed to
+// write waits for its retry.
+func (n *webhookNotifier) deliver(id, tenant, target string, body []byte, base int) {
 	for attempt := 1; ; attempt++ {
 		retry, err := n.post(id, tenant, target, body, attempt)
 		if n.ctx.Err() != nil {
 			return // stopped: the job stays pending
 		}
 		if err == nil {
-			n.setState(id, webhookDelivered, true)
+			n.writeState(id, webhookDelivered, base+attempt)
 			n.count(webhookOutcomeDelivered)
 			return
 		}
 		if !retry || attempt >= webhookMaxAttempts {
-			n.setState(id, webhookFailed, true)
+			n.writeState(id, webhookFailed, base+attempt)
 			n.count(webhookOutcomeFailed)
 			n.g.log.Info("completion webhook failed", "job", id, "attempts", attempt, "error", err.Error())
 			return
 		}
-		n.setState(id, webhookPending, true)
+		n.writeState(id, webhookPending, base+attempt)
 		n.count(webhookOutcomeRetried)
 		if !n.sleep(n.backoff(attempt)) {
 			return

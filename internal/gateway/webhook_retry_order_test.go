@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,7 +67,7 @@ func TestWebhookStateKeptIsNotUndoneByAnEarlierOne(t *testing.T) {
 			// While it is written again, attempt 2 delivers, and that
 			// state is not recorded either.
 			during := func() {
-				n.writeState(j.ID, webhookDelivered, 1) // read over the unrecorded attempt
+				n.writeState(j.ID, webhookDelivered, 2)
 				hs.failing.Store(tc.earlierFails)
 			}
 			hs.beforeUpdate.Store(&during)
@@ -73,9 +75,42 @@ func TestWebhookStateKeptIsNotUndoneByAnEarlierOne(t *testing.T) {
 			hs.failing.Store(false)
 			d.writeUnrecorded(time.Time{})
 			d.writeUnrecorded(time.Time{})
-			if st, a := e.webhookState(j.ID); st != webhookDelivered || a != 1 {
-				t.Errorf("webhook state %s %d, want delivered 1", st, a)
+			if st, a := e.webhookState(j.ID); st != webhookDelivered || a != 2 {
+				t.Errorf("webhook state %s %d, want delivered 2", st, a)
 			}
 		})
+	}
+}
+
+// TestWebhookAttemptsCountedWhenAStateIsNotRecorded: a delivery's attempts
+// are counted from the attempts it made, not from the stored count, which
+// lags while a state the store failed to write waits for its retry: 500
+// (its pending state not recorded), then 204 half a second later, before
+// the retry, is delivered after 2 attempts. It was recorded delivered
+// after 1.
+func TestWebhookAttemptsCountedWhenAStateIsNotRecorded(t *testing.T) {
+	hs := hookedStore{failing: new(atomic.Bool), beforeUpdate: new(atomic.Pointer[func()])}
+	up := newUpstream(t, okJSON(10, 20))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+			hs.MemStore = m
+			return hs
+		}))
+	t.Cleanup(func() { stopWebhooks(e.gw) })
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) == 1 {
+			hs.failing.Store(true) // the pending state after this attempt
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		hs.failing.Store(false)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	id := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+srv.URL+`"`)).ID
+	stepBackoff(t, e, 1, 500*time.Millisecond)
+	if n := waitWebhook(t, e, id, webhookDelivered); n != 2 {
+		t.Errorf("webhook attempts %d, want 2", n)
 	}
 }
