@@ -433,8 +433,12 @@ func (s *stallWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // upstream calls it started to finish before returning.
 func (g *Gateway) Run(ctx context.Context) error {
 	// Deliveries in progress stop with Run; their jobs keep the webhook
-	// status "pending".
-	defer g.hooks.stop()
+	// status "pending". A delivery's state whose write failed in the
+	// meantime gets one more write (FlushStoreWrites).
+	defer func() {
+		g.hooks.stop()
+		g.FlushStoreWrites()
+	}()
 	err := g.recover(ctx)
 	g.recoveredOnce.Do(func() { close(g.recovered) })
 	if err != nil {
@@ -452,6 +456,15 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.undelivered = nil
 	return g.dispatch.run(ctx)
 }
+
+// FlushStoreWrites makes once more the job store writes kept for a retry
+// after the store refused them (a job's terminal status, a webhook's
+// delivery state, the removal of a refused submission), as the dispatcher
+// does every second while Run runs. Run calls it as it returns; the owner
+// of the store calls it again once the HTTP server has drained its
+// handlers (which may have kept writes while Run was stopping), before it
+// closes the store. A write that fails again is left as it was recorded.
+func (g *Gateway) FlushStoreWrites() { g.dispatch.writeUnrecorded(time.Time{}) }
 
 // Recovered is closed once Run has queued again the jobs a previous run
 // left in the store (after the pool and tenants are loaded), or has

@@ -501,3 +501,29 @@ func mustJobRequestAs(e *env, key, body string) *http.Request {
 	req.Header.Set("Authorization", "Bearer "+key)
 	return req
 }
+
+// TestFlushStoreWritesAfterRun: a store write kept for a retry after Run
+// has returned (a handler still draining while the scheduler stops keeps
+// the removal of a refused submission) is made by FlushStoreWrites, which
+// the scheduler calls once the HTTP server has drained, before it closes
+// the store; without it the queued record of a refused job stayed and the
+// next scheduler ran it.
+func TestFlushStoreWritesAfterRun(t *testing.T) {
+	up := newUpstream(t, okJSON(10, 20))
+	e, _, deleteFails := newFaultEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	e.stopRun()
+	j, err := e.store.Create(jobs.Job{Tenant: "a", Status: jobs.StatusQueued, Endpoint: endpointCompletions, Model: testModel,
+		CreatedAt: e.clock.Now(), Deadline: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleteFails.Store(1)
+	e.gw.dispatch.removeRefused(j.ID) // fails: kept for a retry
+	if _, err := e.store.Get(j.ID); err != nil {
+		t.Fatalf("record after the failed removal: %v, want still there", err)
+	}
+	e.gw.FlushStoreWrites()
+	if _, err := e.store.Get(j.ID); !errors.Is(err, jobs.ErrNotFound) {
+		t.Errorf("record after FlushStoreWrites: %v, want %v", err, jobs.ErrNotFound)
+	}
+}

@@ -370,7 +370,11 @@ func (l *leaderGateway) Start(ctx context.Context) error {
 		l.gw.Store(nil)
 	}()
 	srv := &server{name: "gateway", addr: l.addr, handler: gw, leader: true, run: gw.Run, log: l.log}
-	return srv.Start(ctx)
+	err := srv.Start(ctx)
+	// The handlers have drained and Run has returned: the store writes
+	// they kept for a retry get their last chance before the store closes.
+	gw.FlushStoreWrites()
+	return err
 }
 
 // recovered reports whether the gateway being served has re-queued the
