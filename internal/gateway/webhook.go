@@ -231,8 +231,9 @@ func (n *webhookNotifier) enqueue(j jobs.Job) {
 	go func() {
 		defer n.wg.Done()
 		defer func() { <-n.slots }()
-		defer n.recoverDeliver(j.ID)
-		n.deliver(j.ID, j.Tenant, j.WebhookURL, body, j.WebhookAttempts)
+		attempts := j.WebhookAttempts // of earlier schedulers, then of this delivery
+		defer n.recoverDeliver(j.ID, &attempts)
+		n.deliver(j.ID, j.Tenant, j.WebhookURL, body, &attempts)
 	}()
 }
 
@@ -241,14 +242,15 @@ func (n *webhookNotifier) enqueue(j jobs.Job) {
 // into that delivery failing, logged with its stack and counted as failed,
 // instead of a crash of the scheduler that stopped every tenant's calls and
 // lost the jobs of a Memory store, as recoverExecute does for a job's call.
-// The delivery is not retried: the same input would panic again.
-func (n *webhookNotifier) recoverDeliver(id string) {
+// The delivery is not retried: the same input would panic again. attempts
+// is the count deliver had reached, the attempt that panicked included.
+func (n *webhookNotifier) recoverDeliver(id string, attempts *int) {
 	v := recover()
 	if v == nil {
 		return
 	}
 	n.g.log.Error(fmt.Errorf("panic: %v", v), "A completion webhook's delivery failed; it is not retried", "job", id, "stack", string(debug.Stack()))
-	n.setState(id, webhookFailed, true)
+	n.writeState(id, webhookFailed, *attempts)
 	n.count(webhookOutcomeFailed)
 }
 
@@ -306,13 +308,16 @@ func (n *webhookNotifier) writeState(id, state string, attempts int) {
 
 // deliver POSTs body to target until a 2xx, a permanent refusal, the last
 // attempt or stop. tenant is the job's tenant, whose signing secret (read
-// at each attempt, so a rotated secret applies) signs the body. base is
-// the attempts made by earlier schedulers (stored before this delivery):
-// each state is recorded with base and the attempts made so far, not with
-// the stored count plus one, which lags while a state the store failed to
-// write waits for its retry.
-func (n *webhookNotifier) deliver(id, tenant, target string, body []byte, base int) {
+// at each attempt, so a rotated secret applies) signs the body. made holds
+// the attempts made by earlier schedulers (stored before this delivery) and
+// is raised to include each attempt as it starts: each state is recorded
+// with that count, not with the stored count plus one, which lags while a
+// state the store failed to write waits for its retry (and recoverDeliver
+// records it after a panic).
+func (n *webhookNotifier) deliver(id, tenant, target string, body []byte, made *int) {
+	base := *made
 	for attempt := 1; ; attempt++ {
+		*made = base + attempt // counted before the POST: an attempt that panics is one
 		retry, err := n.post(id, tenant, target, body, attempt)
 		if n.ctx.Err() != nil {
 			return // stopped: the job stays pending

@@ -114,3 +114,38 @@ func TestWebhookAttemptsCountedWhenAStateIsNotRecorded(t *testing.T) {
 		t.Errorf("webhook attempts %d, want 2", n)
 	}
 }
+
+// TestWebhookPanicCountsItsAttempts: a delivery that panics at its second
+// attempt, while the pending state of its first is not recorded yet (the
+// store failed it), is recorded failed after 2 attempts, the count the
+// delivery had reached; it was recorded with the stored count plus one (1).
+func TestWebhookPanicCountsItsAttempts(t *testing.T) {
+	hs := hookedStore{failing: new(atomic.Bool), beforeUpdate: new(atomic.Pointer[func()])}
+	up := newUpstream(t, okJSON(10, 20))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})},
+		withStore(func(m *jobs.MemStore, _ *clocktesting.FakeClock) jobs.Store {
+			hs.MemStore = m
+			return hs
+		}))
+	t.Cleanup(func() { stopWebhooks(e.gw) })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hs.failing.Store(true) // the pending state after this attempt
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	n := e.gw.webhooks()
+	healthy := n.client.Transport
+	var calls atomic.Int64
+	n.client.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if calls.Add(1) == 2 {
+			hs.failing.Store(false)
+			panic("transport fault")
+		}
+		return healthy.RoundTrip(r)
+	})
+	id := e.submit("key-a", jobBody(10, 100, `,"webhookURL":"`+srv.URL+`"`)).ID
+	stepBackoff(t, e, 1, 500*time.Millisecond)
+	if got := waitWebhook(t, e, id, webhookFailed); got != 2 {
+		t.Errorf("webhook attempts %d, want 2", got)
+	}
+}
