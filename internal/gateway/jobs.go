@@ -469,15 +469,27 @@ func (g *Gateway) cancelJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		state := string(j.Status)
-		if j.Status == jobs.StatusQueued {
-			// Taken out of the queue by the dispatcher an instant ago, its
-			// record not yet marked running.
-			state = "being dispatched"
-		}
 		writeError(w, &apiError{status: http.StatusConflict, typ: typeInvalidRequest, code: codeJobNotCancellable,
-			message: fmt.Sprintf("The job is %s and can no longer be cancelled.", state)})
+			message: "The job " + notCancellableState(j.Status) + " and can no longer be cancelled."})
 		return
 	}
 	writeJSON(w, http.StatusOK, viewOf(j))
+}
+
+// notCancellableState says why a job of status st cannot be cancelled, for
+// the 409 job_not_cancellable message ("The job has succeeded and can no
+// longer be cancelled."). A job whose record still says queued was taken
+// out of the queue by the dispatcher an instant ago (or is between two of
+// its states), its record not yet marked running.
+func notCancellableState(st jobs.Status) string {
+	switch st {
+	case jobs.StatusQueued:
+		return "is being dispatched"
+	case jobs.StatusRunning:
+		return "is running"
+	case jobs.StatusCancelled:
+		return "is already cancelled"
+	default: // succeeded, failed, expired
+		return "has " + string(st)
+	}
 }

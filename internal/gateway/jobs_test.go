@@ -101,7 +101,8 @@ func TestJobAPIRoundTrip(t *testing.T) {
 		t.Fatalf("cancel: %d %+v", resp.StatusCode, c)
 	}
 	resp = e.do("DELETE", "/v1/jobs/"+ids[2], "key-a", "")
-	if body := decode[errorBody](t, resp); resp.StatusCode != 409 || body.Error.Code != "job_not_cancellable" {
+	if body := decode[errorBody](t, resp); resp.StatusCode != 409 || body.Error.Code != "job_not_cancellable" ||
+		body.Error.Message != "The job is already cancelled and can no longer be cancelled." {
 		t.Errorf("second cancel: %d %+v, want 409", resp.StatusCode, body.Error)
 	}
 
@@ -119,6 +120,11 @@ func TestJobAPIRoundTrip(t *testing.T) {
 	}
 	if j.QueueWaitMS == nil || *j.QueueWaitMS != 62000 || !strings.Contains(string(j.Response), `"completion_tokens":20`) {
 		t.Errorf("queue_wait_ms %v, response %s", j.QueueWaitMS, j.Response)
+	}
+	resp = e.do("DELETE", "/v1/jobs/"+ids[0], "key-a", "")
+	if body := decode[errorBody](t, resp); resp.StatusCode != 409 || body.Error.Code != "job_not_cancellable" ||
+		body.Error.Message != "The job has succeeded and can no longer be cancelled." {
+		t.Errorf("cancel of a succeeded job: %d %+v, want 409", resp.StatusCode, body.Error)
 	}
 	done := decode[listResponse](t, e.do("GET", "/v1/jobs?status=succeeded", "key-a", ""))
 	if len(done.Data) != 2 {
