@@ -92,7 +92,9 @@ type Job struct {
 	// Usage is the provider's usage of a succeeded job.
 	Usage *Usage
 	// Response is the provider's JSON body of a succeeded job, or of the
-	// last failed attempt when it was JSON.
+	// refusal that failed a job (a 4xx, or a 413/429 for a request over the
+	// provider's limit), when it was JSON, with the provider key redacted.
+	// The bodies of answers that are retried (5xx, 408, 429) are not kept.
 	Response json.RawMessage
 	// Error says why the job failed, expired or was cancelled.
 	Error *Error
