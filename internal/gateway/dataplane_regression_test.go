@@ -563,7 +563,7 @@ func TestRequestValidationNamesTheField(t *testing.T) {
 
 // TestCancelWhileDispatchedSaysSo: a DELETE that lands between the
 // dispatcher taking the job out of the queue and starting it is 409
-// job_not_cancellable, and its message says the job is being dispatched
+// job_not_cancellable, and its message says the job has just left the queue
 // (the record still says queued; the message once read "The job is queued
 // and can no longer be cancelled.").
 func TestCancelWhileDispatchedSaysSo(t *testing.T) {
@@ -601,7 +601,7 @@ func TestCancelWhileDispatchedSaysSo(t *testing.T) {
 	j := e.submit("key-a", jobBody(10, 100, ""))
 	id.Store(j.ID)
 	got := <-answers
-	want := answer{http.StatusConflict, codeJobNotCancellable, "The job is being dispatched and can no longer be cancelled.", jobs.StatusQueued}
+	want := answer{http.StatusConflict, codeJobNotCancellable, "The job has just left the queue (to be sent or finished) and can no longer be cancelled.", jobs.StatusQueued}
 	if got != want {
 		t.Errorf("DELETE while dispatched: %+v, want %+v", got, want)
 	}

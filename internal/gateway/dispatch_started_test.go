@@ -96,7 +96,7 @@ func (s failingStartStore) Update(id string, fn func(*jobs.Job) error) (jobs.Job
 // record is not sent and stays queued, and a pass storeRetry later sends it
 // (not a busy loop of failing writes before that). It used
 // to leave the fair queue while its record still said queued: never sent,
-// never expired, and refused cancellation ("being dispatched") until a
+// never expired, and refused cancellation ("has just left the queue") until a
 // restart.
 func TestJobStartNotRecordedStaysQueued(t *testing.T) {
 	up := newUpstream(t, okJSON(10, 20))

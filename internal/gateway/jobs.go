@@ -478,13 +478,15 @@ func (g *Gateway) cancelJob(w http.ResponseWriter, r *http.Request) {
 
 // notCancellableState says why a job of status st cannot be cancelled, for
 // the 409 job_not_cancellable message ("The job has succeeded and can no
-// longer be cancelled."). A job whose record still says queued was taken
-// out of the queue by the dispatcher an instant ago (or is between two of
-// its states), its record not yet marked running.
+// longer be cancelled."). A job whose record still says queued has left
+// the queue an instant ago, its record not yet changed: the dispatcher took
+// it out to send it (marked running next), to expire or fail it (its
+// deadline passed, its tenant or model was removed), or another DELETE is
+// recording its cancellation.
 func notCancellableState(st jobs.Status) string {
 	switch st {
 	case jobs.StatusQueued:
-		return "is being dispatched"
+		return "has just left the queue (to be sent or finished)"
 	case jobs.StatusRunning:
 		return "is running"
 	case jobs.StatusCancelled:

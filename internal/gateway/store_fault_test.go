@@ -114,7 +114,7 @@ func TestCancelNotRecordedKeepsTheJobQueued(t *testing.T) {
 		id := e.submit("key-a", jobBody(10, 100, "")).ID
 		// The first pass tries the job, the paused model refuses it, and
 		// it goes back to the queue; no pass takes it out again before the
-		// pause ends (a DELETE meanwhile is 409 "being dispatched").
+		// pause ends (a DELETE meanwhile is 409 "has just left the queue").
 		waitFor(t, "the dispatcher to wait with the job queued", func() bool {
 			var queued bool
 			e.reg.WithQueue(func(q *fairqueue.Queue) { queued = q.Queued(e.gw.dispatch.byID[id]) })
