@@ -3,6 +3,7 @@ package jobs
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -206,5 +207,79 @@ func TestBoltStoreOpensAFileWithLegacyIDs(t *testing.T) {
 	}
 	if d := cmp.Diff([]string{k.ID}, ids(must(s.List("a", Filter{After: j.ID})))); d != "" {
 		t.Errorf("after an id from before the reopen (-want +got):\n%s", d)
+	}
+}
+
+// TestRestoredStoreHandsOutNoIDAgain: a store opened on an older copy of
+// its file (a restored backup) goes back in its sequence numbers, but never
+// hands out an id it handed out before: the client holding such an id gets
+// ErrNotFound, never the job another submission got since. The ids handed
+// out before the restore stay valid list cursors. An id of generation 0
+// (made before ids carried one) is still a cursor.
+func TestRestoredStoreHandsOutNoIDAgain(t *testing.T) {
+	fc := clocktesting.NewFakeClock(t0)
+	dir := t.TempDir()
+	path, backup := filepath.Join(dir, "jobs.db"), filepath.Join(dir, "backup.db")
+	s, err := OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(backup, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The backup, taken before lost was submitted, is restored.
+	s, err = OpenBolt(backup, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	again, err := s.Create(Job{Tenant: "a", Status: StatusQueued, CreatedAt: t0, Model: "again"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.seq != lost.seq {
+		t.Fatalf("sequence numbers: %d after the restore, %d before: the test needs them equal", again.seq, lost.seq)
+	}
+	if again.ID == lost.ID {
+		t.Fatalf("the restored store handed out %s again", lost.ID)
+	}
+	if _, err := s.Get(lost.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(id handed out before the restore): %v, want ErrNotFound", err)
+	}
+	if got, _, err := s.List("a", Filter{After: lost.ID}); err != nil || len(got) != 0 {
+		t.Errorf("List after the id handed out before the restore: %d jobs, %v; want 0, nil", len(got), err)
+	}
+	got, _, err := s.List("a", Filter{After: first.ID})
+	if err != nil || len(got) != 1 || got[0].ID != again.ID {
+		t.Errorf("List after the first id: %v, %v; want [%s]", got, err, again.ID)
+	}
+	gen0 := s.MemStore.gen
+	s.MemStore.gen = 0
+	old := s.newID(first.seq)
+	s.MemStore.gen = gen0
+	if seq, ok := s.seqOf(old); !ok || seq != first.seq {
+		t.Errorf("seqOf(id of generation 0) = %d, %v; want %d, true", seq, ok, first.seq)
 	}
 }

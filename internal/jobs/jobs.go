@@ -57,8 +57,11 @@ type Error struct {
 // Job is one batch job. Body, Metadata and Response are treated as
 // immutable once stored: the store hands out copies of Job that share them.
 type Job struct {
-	// ID is assigned by Store.Create: "job_" + 16 hex digits of the store
-	// sequence + 8 random hex digits, so IDs sort in submission order.
+	// ID is assigned by Store.Create: "job_" + 32 hex digits, the store
+	// sequence and generation encrypted (MemStore.newID); opaque, it does
+	// not sort in submission order. Files written by earlier versions may
+	// hold ids of the form "job_" + 16 hex digits of the sequence + 8
+	// random hex digits.
 	ID string
 	// Tenant is the owning tenant id; other tenants never see the job.
 	Tenant string

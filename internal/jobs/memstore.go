@@ -42,6 +42,11 @@ type MemStore struct {
 	// encrypts ids first opened its file (0: the store never held such
 	// ids). Set before the store is used and never changed.
 	legacyMax uint64
+	// gen is a random number drawn when the store is made (never 0) and
+	// written into every id it hands out (newID), so that a store opened
+	// on an older copy of its file (a restored backup), whose sequence
+	// numbers go back, never hands out an id it handed out before.
+	gen uint32
 
 	mu       sync.Mutex
 	seq      uint64
@@ -90,9 +95,20 @@ func NewMemStore(clk clock.PassiveClock, retention time.Duration, maxFinished in
 		maxFinished = DefaultMaxFinished
 	}
 	return &MemStore{
-		clock: clk, retention: retention, maxFinished: maxFinished, ids: newIDCipher(nil),
+		clock: clk, retention: retention, maxFinished: maxFinished, ids: newIDCipher(nil), gen: newGen(),
 		byID: map[string]*entry{}, byTenant: map[string]*tenantJobs{},
 		finished: list.New(), counts: map[Status]int{},
+	}
+}
+
+// newGen returns a random id generation (MemStore.gen), never 0.
+func newGen() uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		if g := binary.BigEndian.Uint32(b[:]); g != 0 {
+			return g
+		}
 	}
 }
 
@@ -115,15 +131,21 @@ func newIDCipher(key []byte) cipher.Block {
 
 // newID returns the id of the job of sequence number seq: "job_" and 32
 // hex digits, the AES-128 encryption under the store's key of seq (8 bytes,
-// big-endian) followed by 8 zero bytes. The sequence is pool-wide, so ids
-// that showed it would let a tenant count the jobs other tenants submitted
-// between two of its own; encrypted, they show nothing and cannot be
-// forged (seqOf refuses a block whose last 8 bytes do not decrypt to zero),
-// and they still carry the sequence that list cursors need
-// (Filter.After, also for a job deleted since).
+// big-endian), the store's generation (4 bytes, MemStore.gen) and 4 zero
+// bytes. The sequence is pool-wide, so ids that showed it would let a
+// tenant count the jobs other tenants submitted between two of its own;
+// encrypted, they show nothing and cannot be forged (seqOf refuses a block
+// whose last 4 bytes do not decrypt to zero: one forgery in 2^32 tries),
+// and they still carry the sequence that list cursors need (Filter.After,
+// also for a job deleted since). The generation differs at each open, so a
+// store whose sequence went back (a file restored from an older copy)
+// hands out ids other than those it handed out before: a client holding
+// one gets 404, never another job. Ids made before generations existed
+// carry generation 0 and stay valid.
 func (s *MemStore) newID(seq uint64) string {
 	var b [aes.BlockSize]byte
 	binary.BigEndian.PutUint64(b[:8], seq)
+	binary.BigEndian.PutUint32(b[8:12], s.gen)
 	s.ids.Encrypt(b[:], b[:])
 	var out [len(idPrefix) + 2*aes.BlockSize]byte
 	copy(out[:], idPrefix)
@@ -152,7 +174,8 @@ func (s *MemStore) seqOf(id string) (uint64, bool) {
 			return 0, false
 		}
 		s.ids.Decrypt(b[:], b[:])
-		if binary.BigEndian.Uint64(b[8:]) != 0 {
+		if binary.BigEndian.Uint32(b[12:]) != 0 { // any generation
+
 			return 0, false
 		}
 		return binary.BigEndian.Uint64(b[:8]), true
