@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"bytes"
-	"container/list"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
@@ -48,10 +47,18 @@ var (
 // It is a MemStore with write-through: every Create, Update and Delete is
 // written to the file in one bbolt transaction (fsync'ed) before it is
 // applied in memory, so reads (Get, List, Counts) never touch the disk and
-// the retention rules are MemStore's exactly (finished jobs are kept for
-// the retention period and at most maxFinished of them; queued and running
-// jobs are never pruned). Open loads the whole file into memory and prunes
-// it by the same rules at the clock's now.
+// the retention rules are MemStore's exactly: queued and running jobs are
+// never pruned; finished jobs are kept for the retention period and at most
+// maxFinished of them, and over that bound the oldest finished job of the
+// tenant holding the most finished jobs goes first (ties: the tenant whose
+// oldest finished job finished first), so a tenant holding no more than
+// maxFinished / (number of tenants holding finished jobs) loses none to
+// the bound. Open loads the whole file into memory, orders the finished
+// jobs (the pool's and each tenant's) by FinishedAt, ties in submission
+// order, and prunes by the same rules at the clock's now, deleting what it
+// pruned from the file: a file written under a larger bound loses, at an
+// open with a smaller one, the oldest finished jobs of the tenants holding
+// the most.
 //
 // Encoding: each job is the JSON of the whole Job struct (field names as
 // in Go), keyed by its 8-byte big-endian sequence number, so fields added
@@ -175,14 +182,7 @@ func (s *BoltStore) load() error {
 			}
 			m.seq = max(m.seq, j.seq)
 			e := &entry{job: j}
-			m.byID[j.ID] = e
-			tj := m.byTenant[j.Tenant]
-			if tj == nil {
-				tj = &tenantJobs{}
-				m.byTenant[j.Tenant] = tj
-			}
-			tj.items = append(tj.items, e)
-			m.counts[j.Status]++
+			m.addLocked(e)
 			if j.Status.Finished() {
 				finished = append(finished, e)
 			}
@@ -192,11 +192,11 @@ func (s *BoltStore) load() error {
 	if err != nil {
 		return err
 	}
-	// The finished list is in finish order (ties: submission order).
+	// The finish order, the store's and each tenant's, is by FinishedAt
+	// (ties: submission order); pruning then applies MemStore's rules.
 	slices.SortStableFunc(finished, func(a, b *entry) int { return a.job.FinishedAt.Compare(b.job.FinishedAt) })
-	m.finished = list.New()
 	for _, e := range finished {
-		e.finished = m.finished.PushBack(e)
+		m.addFinishedLocked(e)
 	}
 	m.persist = s
 	m.pruneLocked(m.clock.Now())

@@ -13,7 +13,9 @@
 //	  └──► cancelled  (DELETE /v1/jobs/{id} while queued)
 //
 // Store is the persistence contract; MemStore keeps jobs in memory, retains
-// finished jobs for a retention period and up to a bounded count, and can be
-// replaced by a durable store (for example bbolt) without touching callers.
+// finished jobs for a retention period and up to a bounded count shared
+// fairly between tenants (the tenant holding the most loses its oldest
+// first), and can be replaced by a durable store (for example bbolt)
+// without touching callers.
 // The store never decides scheduling: the fair queue and the dispatcher do.
 package jobs

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"container/heap"
 	"container/list"
 	"crypto/aes"
 	"crypto/cipher"
@@ -19,15 +20,36 @@ import (
 const (
 	// DefaultRetention is how long finished jobs stay readable: 24 hours.
 	DefaultRetention = 24 * time.Hour
-	// DefaultMaxFinished bounds the finished jobs kept across all tenants.
+	// DefaultMaxFinished bounds the finished jobs kept across all tenants:
+	// 100,000, shared between them by the rule of MemStore.
 	DefaultMaxFinished = 100000
 )
 
-// MemStore is an in-memory Store. Finished jobs are kept for Retention after
-// they finish and at most MaxFinished of them (oldest finished first out);
-// queued and running jobs are never pruned. Every write and every read
-// (Get, List, Counts, UndeliveredWebhooks) prunes at the clock's now, so a
-// finished job past its retention is never served, also by an idle store.
+// MemStore is an in-memory Store. Queued and running jobs are never pruned.
+// Finished jobs (succeeded, failed, expired, cancelled) are pruned by two
+// rules, applied at the clock's now by every write and every read (Get,
+// List, Counts, UndeliveredWebhooks), so a finished job past its retention
+// is never served, also by an idle store:
+//
+//   - Retention: a finished job goes once retention has passed since its
+//     FinishedAt, whatever its tenant, oldest finished first.
+//   - Bound: while the pool holds more than maxFinished finished jobs, the
+//     oldest finished job of the tenant that holds the most finished jobs
+//     goes (ties: the tenant whose oldest finished job finished first).
+//     This is longest queue drop, the fair buffer-sharing policy of
+//     per-flow queueing (Suter et al., "Design considerations for
+//     supporting TCP with per-flow queueing", INFOCOM 1998): a tenant
+//     holding no more than maxFinished / (number of tenants holding
+//     finished jobs) finished jobs loses none of them to the bound, so a
+//     tenant that finishes a large import pushes out its own oldest
+//     results, not those of tenants holding few.
+//
+// "Finished first" is the order in which jobs reached a finished status in
+// this store (for jobs loaded by a BoltStore: by FinishedAt, ties in
+// submission order). Each prune costs O(log t) for t tenants holding
+// finished jobs (a heap of tenants by finished count), with no scan over
+// tenants or jobs; a tenant's share of the index is released once it
+// holds no jobs.
 type MemStore struct {
 	clock       clock.PassiveClock
 	retention   time.Duration
@@ -53,7 +75,15 @@ type MemStore struct {
 	byID     map[string]*entry
 	byTenant map[string]*tenantJobs
 	finished *list.List // of *entry, in finish order
-	counts   map[Status]int
+	// finSeq numbers the jobs in finish order (entry.finSeq): the last
+	// number given.
+	finSeq uint64
+	// fullest are the tenants holding finished jobs, as a heap: the tenant
+	// that holds the most first, ties by the finSeq of its oldest finished
+	// job (tenantHeap.Less). The bound prunes the oldest finished job of
+	// fullest[0].
+	fullest tenantHeap
+	counts  map[Status]int
 
 	// persist, when set (BoltStore), writes every change through before it
 	// is applied in memory; pendingDel are the sequence numbers of jobs
@@ -76,13 +106,112 @@ type entry struct {
 	job      Job
 	finished *list.Element
 	gone     bool
+	// finSeq is the job's place in the store's finish order (MemStore.finSeq);
+	// finPrev and finNext link the finished jobs of its tenant in that order
+	// (tenantJobs.finHead). Set while finished is not nil.
+	finSeq           uint64
+	finPrev, finNext *entry
 }
 
 // tenantJobs are a tenant's entries in submission (seq) order; deleted
-// entries are marked gone and compacted lazily.
+// entries are marked gone and compacted lazily. Its finished entries are
+// also linked in finish order, from finHead (the oldest) to finTail;
+// nFinished counts them, and heapIdx is the tenant's index in
+// MemStore.fullest (-1 when it holds no finished job).
 type tenantJobs struct {
 	items []*entry
 	gone  int
+
+	finHead, finTail *entry
+	nFinished        int
+	heapIdx          int
+}
+
+// tenantHeap is a heap (container/heap) of the tenants holding finished
+// jobs: the one holding the most first, ties by the earliest finish order
+// (finSeq) of their oldest finished job. Swap keeps tenantJobs.heapIdx.
+type tenantHeap []*tenantJobs
+
+func (h tenantHeap) Len() int { return len(h) }
+
+func (h tenantHeap) Less(i, j int) bool {
+	if h[i].nFinished != h[j].nFinished {
+		return h[i].nFinished > h[j].nFinished
+	}
+	return h[i].finHead.finSeq < h[j].finHead.finSeq
+}
+
+func (h tenantHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+
+func (h *tenantHeap) Push(x any) {
+	tj := x.(*tenantJobs)
+	tj.heapIdx = len(*h)
+	*h = append(*h, tj)
+}
+
+// Pop removes the last tenant; the backing array is halved once a quarter
+// of it is in use (beyond 64 slots), so that tenants gone release it.
+func (h *tenantHeap) Pop() any {
+	old := *h
+	tj := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	if c := cap(*h); c > 64 && len(*h) < c/4 {
+		*h = append(make(tenantHeap, 0, c/2), *h...)
+	}
+	tj.heapIdx = -1
+	return tj
+}
+
+// addFinishedLocked puts e, just finished, last in the store's finish order
+// and in its tenant's, and moves the tenant up the fullest heap: O(log t).
+func (s *MemStore) addFinishedLocked(e *entry) {
+	s.finSeq++
+	e.finSeq = s.finSeq
+	e.finished = s.finished.PushBack(e)
+	tj := s.byTenant[e.job.Tenant]
+	e.finPrev, e.finNext = tj.finTail, nil
+	if tj.finTail != nil {
+		tj.finTail.finNext = e
+	} else {
+		tj.finHead = e
+	}
+	tj.finTail = e
+	tj.nFinished++
+	if tj.heapIdx < 0 {
+		heap.Push(&s.fullest, tj)
+	} else {
+		heap.Fix(&s.fullest, tj.heapIdx)
+	}
+}
+
+// dropFinishedLocked takes e out of the finish orders (the store's and its
+// tenant's) and moves its tenant down the fullest heap, or out of it when
+// e was its last finished job: O(log t).
+func (s *MemStore) dropFinishedLocked(e *entry) {
+	s.finished.Remove(e.finished)
+	e.finished = nil
+	tj := s.byTenant[e.job.Tenant]
+	if e.finPrev != nil {
+		e.finPrev.finNext = e.finNext
+	} else {
+		tj.finHead = e.finNext
+	}
+	if e.finNext != nil {
+		e.finNext.finPrev = e.finPrev
+	} else {
+		tj.finTail = e.finPrev
+	}
+	e.finPrev, e.finNext = nil, nil
+	tj.nFinished--
+	if tj.nFinished == 0 {
+		heap.Remove(&s.fullest, tj.heapIdx)
+	} else {
+		heap.Fix(&s.fullest, tj.heapIdx)
+	}
 }
 
 // NewMemStore returns an empty store that reads time from clk. retention <=
@@ -198,19 +327,25 @@ func (s *MemStore) Create(j Job) (Job, error) {
 	}
 	s.seq = seq
 	e := &entry{job: j}
-	s.byID[j.ID] = e
-	tj := s.byTenant[j.Tenant]
-	if tj == nil {
-		tj = &tenantJobs{}
-		s.byTenant[j.Tenant] = tj
-	}
-	tj.items = append(tj.items, e)
-	s.counts[j.Status]++
+	s.addLocked(e)
 	if j.Status.Finished() {
-		e.finished = s.finished.PushBack(e)
+		s.addFinishedLocked(e)
 	}
 	s.pruneLocked(s.clock.Now())
 	return j, nil
+}
+
+// addLocked indexes e, a new job (not yet in the finish order), under its
+// id and last among its tenant's jobs, and counts it.
+func (s *MemStore) addLocked(e *entry) {
+	s.byID[e.job.ID] = e
+	tj := s.byTenant[e.job.Tenant]
+	if tj == nil {
+		tj = &tenantJobs{heapIdx: -1}
+		s.byTenant[e.job.Tenant] = tj
+	}
+	tj.items = append(tj.items, e)
+	s.counts[e.job.Status]++
 }
 
 // Get implements Store.
@@ -247,10 +382,9 @@ func (s *MemStore) Update(id string, fn func(j *Job) error) (Job, error) {
 	}
 	e.job = j
 	if j.Status.Finished() && e.finished == nil {
-		e.finished = s.finished.PushBack(e)
+		s.addFinishedLocked(e)
 	} else if !j.Status.Finished() && e.finished != nil {
-		s.finished.Remove(e.finished)
-		e.finished = nil
+		s.dropFinishedLocked(e)
 	}
 	s.pruneLocked(s.clock.Now())
 	return j, nil
@@ -292,8 +426,7 @@ func (s *MemStore) removeLocked(e *entry) {
 	delete(s.byID, e.job.ID)
 	s.counts[e.job.Status]--
 	if e.finished != nil {
-		s.finished.Remove(e.finished)
-		e.finished = nil
+		s.dropFinishedLocked(e)
 	}
 	e.gone = true
 	tj := s.byTenant[e.job.Tenant]
@@ -314,8 +447,10 @@ func (s *MemStore) removeLocked(e *entry) {
 	}
 }
 
-// Prune drops finished jobs older than the retention period or beyond the
-// bounded count, at now. Create and Update prune as well.
+// Prune drops, at now, the finished jobs past their retention and those
+// over the bound of maxFinished, by the rules of MemStore (the oldest
+// finished job of the tenant holding the most goes first). Every other
+// write and read prunes as well.
 func (s *MemStore) Prune(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -326,11 +461,19 @@ func (s *MemStore) Prune(now time.Time) {
 	}
 }
 
+// pruneLocked applies the two rules of MemStore at now: the oldest
+// finished job of the pool goes while it is past its retention, then, while
+// the pool holds more than maxFinished finished jobs, the oldest finished
+// job of the tenant holding the most (fullest[0]); the retention is checked
+// again after each job pruned by the bound. O(log t) per job pruned.
 func (s *MemStore) pruneLocked(now time.Time) {
 	for front := s.finished.Front(); front != nil; front = s.finished.Front() {
 		e := front.Value.(*entry)
-		if s.finished.Len() <= s.maxFinished && now.Sub(e.job.FinishedAt) < s.retention {
-			return
+		if now.Sub(e.job.FinishedAt) < s.retention {
+			if s.finished.Len() <= s.maxFinished {
+				return
+			}
+			e = s.fullest[0].finHead
 		}
 		s.removeLocked(e)
 		if s.persist != nil {
