@@ -220,6 +220,34 @@ func (d *dispatcher) requeueLocked(q *fairqueue.Queue, fj *fairqueue.Job) {
 	}
 }
 
+// removal is why a job out of the queue may not go back (removedWhy).
+type removal struct{ code, why string }
+
+// removedWhy reports whether the tenant or the model of a job that is out
+// of the queue (being started, sent, or waiting to go back) was removed
+// meanwhile, and why. The removal's scan (tenantRemoved, modelRemoved)
+// runs after the registry has committed the removal and sees only the jobs
+// in the queue, waiting for a retry or stored queued at that instant, so
+// each path that puts a job back (a requeue, the end of a retry backoff, a
+// retry scheduled) checks the registry once the job is where the scan
+// looks, and fails the job itself (failRemoved) when it finds the removal.
+// It reads only the registry: callers may hold the queue lock.
+func (d *dispatcher) removedWhy(fj *fairqueue.Job) (removal, bool) {
+	if d.g.reg.Tenant(fj.Tenant) == nil {
+		return removal{jobCodeTenantRemoved, "The tenant's TenantQuota was removed"}, true
+	}
+	if model := fj.Value.(*queued).model; d.g.reg.Model(model) == nil {
+		return removal{jobCodeModelRemoved, fmt.Sprintf("The model %q is no longer served by the pool", model)}, true
+	}
+	return removal{}, false
+}
+
+// failRemoved fails a job whose tenant or model was removed while it was
+// out of the queue (removedWhy), unsent (again).
+func (d *dispatcher) failRemoved(now time.Time, fj *fairqueue.Job, r removal) {
+	d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(r.code, r.why, d.attemptsOf(fj.ID)))
+}
+
 // forget drops a finished job from byID.
 func (d *dispatcher) forget(id string) {
 	d.g.reg.WithQueue(func(*fairqueue.Queue) { delete(d.byID, id) })
@@ -360,12 +388,24 @@ func (d *dispatcher) pass(ctx context.Context) (wakeAt time.Time) {
 	}
 	d.mu.Unlock()
 	if len(due) > 0 {
+		type gone struct {
+			job *fairqueue.Job
+			why removal
+		}
+		var removed []gone
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			for _, j := range due {
-				d.requeueLocked(q, j)
 				d.unretryLocked(j.Tenant)
+				if r, ok := d.removedWhy(j); ok {
+					removed = append(removed, gone{j, r})
+					continue
+				}
+				d.requeueLocked(q, j)
 			}
 		})
+		for _, r := range removed {
+			d.failRemoved(now, r.job, r.why)
+		}
 	}
 
 	var expired []*fairqueue.Job
@@ -542,24 +582,23 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		}
 	}()
 	// requeue puts the job back at the head of its tenant's queue, unless
-	// the tenant was removed while the job was out of the queue: the
-	// removal's scan (tenantRemoved) could not see it then, so it is failed
-	// here. The check runs under the queue lock, which the scan also takes,
-	// so every job is either seen by the scan or failed here.
+	// its tenant or its model was removed while the job was out of the
+	// queue: the removal's scan (tenantRemoved, modelRemoved) could not see
+	// it then, so it is failed here. The check runs under the queue lock,
+	// which the scan also takes, so every job is either seen by the scan or
+	// failed here.
 	requeue := func() {
 		held = false
+		var r removal
 		gone := false
 		g.reg.WithQueue(func(q *fairqueue.Queue) {
 			d.unholdLocked(fj.Tenant)
-			if g.reg.Tenant(fj.Tenant) == nil {
-				gone = true
-				return
+			if r, gone = d.removedWhy(fj); !gone {
+				d.requeueLocked(q, fj)
 			}
-			d.requeueLocked(q, fj)
 		})
 		if gone {
-			d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
-				"The tenant's TenantQuota was removed", d.attemptsOf(fj.ID)))
+			d.failRemoved(now, fj, r)
 		}
 	}
 	// BC-37: the deadline is re-checked at dispatch; a late job is not sent.
@@ -570,10 +609,12 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 	t, m, pool := g.reg.Tenant(fj.Tenant), g.reg.Model(qd.model), g.reg.Pool()
 	switch {
 	case t == nil:
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeTenantRemoved, Message: "The tenant's TenantQuota was removed."})
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
+			"The tenant's TenantQuota was removed", d.attemptsOf(fj.ID)))
 		return -1, false
 	case m == nil || pool == nil:
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: jobCodeModelRemoved, Message: fmt.Sprintf("The model %q is no longer served by the pool.", qd.model)})
+		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeModelRemoved,
+			fmt.Sprintf("The model %q is no longer served by the pool", qd.model), d.attemptsOf(fj.ID)))
 		return -1, false
 	}
 	c, aerr := g.admit(now, t, pool, m, qd.cost.PromptTokens, qd.cost.MaxOutputTokens, throttle.Batch, qd.wouldRefuse)
@@ -812,7 +853,16 @@ func (d *dispatcher) requeueWith(fj *fairqueue.Job, set func(j *jobs.Job)) {
 		// until a restart.
 		g.log.Error(err, "recording a job queued again failed; it is queued all the same", "job", fj.ID)
 	}
-	g.reg.WithQueue(func(q *fairqueue.Queue) { d.requeueLocked(q, fj) })
+	var r removal
+	gone := false
+	g.reg.WithQueue(func(q *fairqueue.Queue) {
+		if r, gone = d.removedWhy(fj); !gone {
+			d.requeueLocked(q, fj)
+		}
+	})
+	if gone {
+		d.failRemoved(g.clock.Now(), fj, r)
+	}
 	d.wake()
 }
 
@@ -858,6 +908,19 @@ func (d *dispatcher) retryLaterAfter(now time.Time, fj *fairqueue.Job, job jobs.
 	d.mu.Lock()
 	d.retries[fj.ID] = retry{job: fj, at: at}
 	d.mu.Unlock()
+	// A removal committed before the job was in retries was not seen by
+	// its scan; one committed after is (removedWhy). Whichever takes the
+	// job out of retries fails it.
+	if r, gone := d.removedWhy(fj); gone {
+		d.mu.Lock()
+		_, mine := d.retries[fj.ID]
+		delete(d.retries, fj.ID)
+		d.mu.Unlock()
+		if mine {
+			g.reg.WithQueue(func(*fairqueue.Queue) { d.unretryLocked(fj.Tenant) })
+			d.failRemoved(now, fj, r)
+		}
+	}
 	d.wake()
 }
 
@@ -1119,17 +1182,18 @@ func (d *dispatcher) cancel(id string) (jobs.Job, bool, error) {
 // the store failed to record back at the end of its tenant's queue,
 // releasing the bound slot cancel held for it (the tenant's count bound is
 // lifted for it: the job was admitted before). A job past its deadline
-// expires; a tenant removed meanwhile fails it.
+// expires; a tenant or a model removed meanwhile fails it.
 func (d *dispatcher) enqueueAgain(now time.Time, fj *fairqueue.Job) {
 	g := d.g
 	var err error
+	var r removal
+	gone := false
 	g.reg.WithQueue(func(q *fairqueue.Queue) {
 		d.unholdLocked(fj.Tenant)
-		t := g.reg.Tenant(fj.Tenant)
-		if t == nil {
-			err = errTenantGone
+		if r, gone = d.removedWhy(fj); gone {
 			return
 		}
+		t := g.reg.Tenant(fj.Tenant)
 		if d.pricedWith != (limiter.CostModel{}) {
 			// Priced in the queue's cost model, which may have changed
 			// while the job was out (repriceLocked skips it then).
@@ -1141,20 +1205,16 @@ func (d *dispatcher) enqueueAgain(now time.Time, fj *fairqueue.Job) {
 		q.SetTenant(fj.Tenant, pol.Weight, pol.MaxQueued)
 	})
 	switch {
+	case gone:
+		d.failRemoved(now, fj, r)
 	case err == nil:
 	case errors.Is(err, fairqueue.ErrExpired):
 		d.expire(now, []*fairqueue.Job{fj})
-	case errors.Is(err, errTenantGone):
-		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, unsentError(jobCodeTenantRemoved,
-			"The tenant's TenantQuota was removed", d.attemptsOf(fj.ID)))
 	default:
 		d.finish(now, fj.ID, fj.Tenant, jobs.StatusFailed, jobs.Error{Code: codeQueueFull,
 			Message: fmt.Sprintf("The job could not be queued again: %v.", err)})
 	}
 }
-
-// errTenantGone: the job's tenant was removed.
-var errTenantGone = errors.New("tenant removed")
 
 // tenantRemoved fails the queued jobs of a tenant whose TenantQuota was
 // deleted (the tenant stops being admitted; its jobs are not left to

@@ -3,11 +3,13 @@ package gateway
 import (
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fairshare-dev/fairshare/internal/fairqueue"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/limiter"
 	"github.com/fairshare-dev/fairshare/internal/registry"
@@ -119,5 +121,68 @@ func TestRecoveredJobsOfRemovedModelCostNoTurn(t *testing.T) {
 	}
 	if j, _ := e.store.Get(ax); j.DispatchSeq != 1 {
 		t.Errorf("a's gpt-test job was sent %d-th, want first (its stale job took no turn)", j.DispatchSeq)
+	}
+}
+
+// TestRemovalDuringCallFailsAtItsEnd: a job whose upstream call is in
+// flight when its tenant or its model is removed, and which the provider
+// answers with a 500 (a retry) or a 429 (back to the queue), fails as the
+// call ends, unsent again, with the removal's code: the removal's scan
+// could not see it (it was neither queued nor waiting for a retry), and
+// the job used to be put back all the same, so it waited for its backoff
+// (forever under this test's clock, which stands still) or for the pause
+// and then failed at start, its message not saying it had been sent.
+func TestRemovalDuringCallFailsAtItsEnd(t *testing.T) {
+	for _, answer := range []int{http.StatusInternalServerError, http.StatusTooManyRequests} {
+		for _, tc := range []struct {
+			name, code, want string
+			remove           func(e *env)
+		}{
+			{"tenant", jobCodeTenantRemoved, "The tenant's TenantQuota was removed; the job was not sent again (attempts: 1).",
+				func(e *env) { e.reg.RemoveTenant("a") }},
+			{"model", jobCodeModelRemoved, `The model "` + testModel + `" is no longer served by the pool; the job was not sent again (attempts: 1).`,
+				func(e *env) {
+					pol := *e.reg.Pool()
+					pol.Models = []registry.ModelPolicy{{Name: "gpt-other", TokensPerMinute: 1000000, RequestsPerMinute: 10000}}
+					if err := e.reg.SetPool(pol); err != nil {
+						e.t.Fatal(err)
+					}
+				}},
+		} {
+			t.Run(http.StatusText(answer)+"/"+tc.name, func(t *testing.T) {
+				in, release := make(chan struct{}, 4), make(chan struct{})
+				var calls atomic.Int32
+				up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+					calls.Add(1)
+					in <- struct{}{}
+					<-release
+					if answer == http.StatusTooManyRequests {
+						w.Header().Set("Retry-After", "60")
+					}
+					w.WriteHeader(answer)
+				})
+				e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+				id := e.submit("key-a", jobBody(10, 100, "")).ID
+				select {
+				case <-in:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the job was not sent")
+				}
+				tc.remove(e)
+				close(release)
+				waitFor(t, "the job to fail", func() bool { return e.storeStatus(id) == jobs.StatusFailed })
+				j, _ := e.store.Get(id)
+				if j.Error == nil || j.Error.Code != tc.code || j.Error.Message != tc.want || j.Attempts != 1 {
+					t.Errorf("error %+v, attempts %d; want %s %q, attempts 1", j.Error, j.Attempts, tc.code, tc.want)
+				}
+				var queued, retrying int
+				e.reg.WithQueue(func(q *fairqueue.Queue) {
+					queued, retrying = q.Len("a"), e.gw.dispatch.retryingTotal
+				})
+				if queued != 0 || retrying != 0 || calls.Load() != 1 {
+					t.Errorf("after the failure: %d queued, %d waiting for a retry, %d calls; want 0, 0, 1", queued, retrying, calls.Load())
+				}
+			})
+		}
 	}
 }
