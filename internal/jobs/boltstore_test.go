@@ -29,6 +29,9 @@ func fullJob() Job {
 		Response:  json.RawMessage(`{"id":"cmpl-1"}`),
 		Error:     &Error{Code: "upstream_error", Message: "retried"},
 		Recovered: true,
+		// The longest key the gateway accepts, and a SHA-256 in hex.
+		IdempotencyKey:         strings.Repeat("k", 255),
+		IdempotencyFingerprint: strings.Repeat("f", 64),
 	}
 }
 
@@ -103,8 +106,68 @@ func TestBoltStoreClosedRefusesWrites(t *testing.T) {
 	}
 }
 
+// TestBoltStoreRebuildsTheIdempotencyIndex: after a reopen, a job's
+// idempotency key is still held (ByIdempotencyKey finds it, Create with it
+// returns it with ErrIdempotencyKeyHeld and stores nothing) and is freed
+// by the job's deletion, which also survives a reopen.
+func TestBoltStoreRebuildsTheIdempotencyIndex(t *testing.T) {
+	fc := clocktesting.NewFakeClock(t0)
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	s, err := OpenBolt(path, fc, 0, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := s.Create(Job{Tenant: "a", Status: StatusQueued, IdempotencyKey: "k1", IdempotencyFingerprint: "f1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	reopen := func() *BoltStore {
+		t.Helper()
+		s, err := OpenBolt(path, fc, 0, 0, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s = reopen()
+	if got, ok := s.ByIdempotencyKey("a", "k1"); !ok || got.ID != keyed.ID || got.IdempotencyFingerprint != "f1" {
+		t.Fatalf("ByIdempotencyKey after reopen: %+v %v, want job %s", got, ok, keyed.ID)
+	}
+	if _, ok := s.ByIdempotencyKey("b", "k1"); ok {
+		t.Error("tenant b found tenant a's key")
+	}
+	got, err := s.Create(Job{Tenant: "a", Status: StatusQueued, IdempotencyKey: "k1", IdempotencyFingerprint: "f2"})
+	if !errors.Is(err, ErrIdempotencyKeyHeld) || got.ID != keyed.ID {
+		t.Fatalf("Create with the held key after reopen: %s %v, want %s and ErrIdempotencyKeyHeld", got.ID, err, keyed.ID)
+	}
+	if d := cmp.Diff(map[Status]int{StatusQueued: 1}, s.Counts()); d != "" {
+		t.Errorf("counts (-want +got):\n%s", d)
+	}
+	if err := s.Delete(keyed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.ByIdempotencyKey("a", "k1"); ok {
+		t.Fatal("the deleted job's key is still held")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen()
+	defer s.Close()
+	if _, ok := s.ByIdempotencyKey("a", "k1"); ok {
+		t.Fatal("the deleted job's key is held after reopen")
+	}
+	if j, err := s.Create(Job{Tenant: "a", Status: StatusQueued, IdempotencyKey: "k1", IdempotencyFingerprint: "f2"}); err != nil || j.ID == keyed.ID {
+		t.Fatalf("Create with the freed key: %s %v", j.ID, err)
+	}
+}
+
 // TestJobRecordSize pins the stored size of a job without body, metadata
-// and response (the fixed part of the sizing in the BoltStore doc).
+// and response (the fixed part of the sizing in the BoltStore doc), with
+// the longest idempotency key (255 characters) and its fingerprint.
 func TestJobRecordSize(t *testing.T) {
 	j := fullJob()
 	j.ID, j.Body, j.Metadata, j.Response = NewMemStore(clocktesting.NewFakeClock(t0), 0, 0).newID(1), nil, nil, nil
@@ -112,8 +175,13 @@ func TestJobRecordSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(b); n > 640 {
-		t.Errorf("a job record without bodies takes %d bytes, more than 640", n)
+	if n := len(b); n > 1024 {
+		t.Errorf("a job record without bodies takes %d bytes, more than 1024", n)
+	}
+	// Without a key, the record has no idempotency members.
+	j.IdempotencyKey, j.IdempotencyFingerprint = "", ""
+	if b, _ := json.Marshal(j); len(b) > 640 {
+		t.Errorf("a job record without bodies and key takes %d bytes, more than 640", len(b))
 	}
 	t.Logf("record without bodies: %d bytes", len(b))
 }

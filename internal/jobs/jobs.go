@@ -119,6 +119,17 @@ type Job struct {
 	WebhookStatus string
 	// WebhookAttempts is the number of webhook delivery attempts made.
 	WebhookAttempts int
+	// IdempotencyKey, when not empty, is the key the tenant submitted the
+	// job under (the Idempotency-Key request header of POST /v1/jobs, or a
+	// bulk line's idempotencyKey; docs/api.md "Idempotent submission"):
+	// 1 to 255 printable ASCII characters. A store holds at most one job
+	// per (Tenant, IdempotencyKey) (ErrIdempotencyKeyHeld) until that job
+	// is deleted or pruned. Set at Create and never changed.
+	IdempotencyKey string `json:",omitempty"`
+	// IdempotencyFingerprint is the hex SHA-256 (64 characters) of what
+	// defined the job at submission, compared with a retry's under the same
+	// key; empty without a key. Set at Create and never changed.
+	IdempotencyFingerprint string `json:",omitempty"`
 
 	seq uint64
 }
@@ -129,6 +140,10 @@ var (
 	ErrNotFound = errors.New("job not found")
 	// ErrInvalidCursor: the "after" cursor is not a job id of this store.
 	ErrInvalidCursor = errors.New("invalid cursor")
+	// ErrIdempotencyKeyHeld: Create was given a job whose (Tenant,
+	// IdempotencyKey) another stored job holds; that job is returned with
+	// it and nothing is written.
+	ErrIdempotencyKeyHeld = errors.New("idempotency key held by a stored job")
 )
 
 // Filter selects jobs for Store.List.
@@ -172,7 +187,15 @@ type DispatchSeqLister interface {
 // return copies of Job.
 type Store interface {
 	// Create assigns j an ID and stores it; it returns the stored job.
+	// When j.IdempotencyKey is set and a stored job of j.Tenant holds the
+	// same key, nothing is stored: Create returns that job and
+	// ErrIdempotencyKeyHeld (checked and inserted under the store's lock,
+	// so concurrent Creates with one key store one job).
 	Create(j Job) (Job, error)
+	// ByIdempotencyKey returns the stored job of tenant that holds key, and
+	// false when none does (none was created with it, or it was deleted or
+	// pruned). Another tenant's key never matches.
+	ByIdempotencyKey(tenant, key string) (Job, bool)
 	// Get returns the job with that id, or ErrNotFound.
 	Get(id string) (Job, error)
 	// Update applies fn to the stored job under the store's lock and

@@ -74,6 +74,11 @@ type MemStore struct {
 	seq      uint64
 	byID     map[string]*entry
 	byTenant map[string]*tenantJobs
+	// byKey indexes the jobs stored with an idempotency key by (tenant,
+	// key): a map entry of two string headers and a pointer (40 bytes,
+	// about 80 with the map's overhead) per keyed job; the strings are the
+	// job's own. The job holds the key and its 64-byte fingerprint.
+	byKey    map[idemKey]*entry
 	finished *list.List // of *entry, in finish order
 	// finSeq numbers the jobs in finish order (entry.finSeq): the last
 	// number given.
@@ -111,6 +116,17 @@ type entry struct {
 	// (tenantJobs.finHead). Set while finished is not nil.
 	finSeq           uint64
 	finPrev, finNext *entry
+}
+
+// idemKey is a job's place in MemStore.byKey: its tenant and idempotency
+// key.
+type idemKey struct{ tenant, key string }
+
+// indexKeyLocked adds e to byKey when its job has an idempotency key.
+func (s *MemStore) indexKeyLocked(e *entry) {
+	if e.job.IdempotencyKey != "" {
+		s.byKey[idemKey{e.job.Tenant, e.job.IdempotencyKey}] = e
+	}
 }
 
 // tenantJobs are a tenant's entries in submission (seq) order; deleted
@@ -225,7 +241,7 @@ func NewMemStore(clk clock.PassiveClock, retention time.Duration, maxFinished in
 	}
 	return &MemStore{
 		clock: clk, retention: retention, maxFinished: maxFinished, ids: newIDCipher(nil), gen: newGen(),
-		byID: map[string]*entry{}, byTenant: map[string]*tenantJobs{},
+		byID: map[string]*entry{}, byTenant: map[string]*tenantJobs{}, byKey: map[idemKey]*entry{},
 		finished: list.New(), counts: map[Status]int{},
 	}
 }
@@ -319,6 +335,14 @@ func (s *MemStore) seqOf(id string) (uint64, bool) {
 func (s *MemStore) Create(j Job) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if j.IdempotencyKey != "" {
+		// Pruned first, so that a key whose job is past its retention is
+		// free, as ByIdempotencyKey says.
+		s.pruneLocked(s.clock.Now())
+		if e, ok := s.byKey[idemKey{j.Tenant, j.IdempotencyKey}]; ok {
+			return e.job, ErrIdempotencyKeyHeld
+		}
+	}
 	seq := s.seq + 1
 	j.seq = seq
 	j.ID = s.newID(j.seq)
@@ -336,9 +360,11 @@ func (s *MemStore) Create(j Job) (Job, error) {
 }
 
 // addLocked indexes e, a new job (not yet in the finish order), under its
-// id and last among its tenant's jobs, and counts it.
+// id, its idempotency key (if any) and last among its tenant's jobs, and
+// counts it.
 func (s *MemStore) addLocked(e *entry) {
 	s.byID[e.job.ID] = e
+	s.indexKeyLocked(e)
 	tj := s.byTenant[e.job.Tenant]
 	if tj == nil {
 		tj = &tenantJobs{heapIdx: -1}
@@ -346,6 +372,21 @@ func (s *MemStore) addLocked(e *entry) {
 	}
 	tj.items = append(tj.items, e)
 	s.counts[e.job.Status]++
+}
+
+// ByIdempotencyKey implements Store.
+func (s *MemStore) ByIdempotencyKey(tenant, key string) (Job, bool) {
+	if key == "" {
+		return Job{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(s.clock.Now())
+	e, ok := s.byKey[idemKey{tenant, key}]
+	if !ok {
+		return Job{}, false
+	}
+	return e.job, true
 }
 
 // Get implements Store.
@@ -373,6 +414,7 @@ func (s *MemStore) Update(id string, fn func(j *Job) error) (Job, error) {
 		return e.job, err
 	}
 	j.ID, j.Tenant, j.seq = e.job.ID, e.job.Tenant, e.job.seq
+	j.IdempotencyKey, j.IdempotencyFingerprint = e.job.IdempotencyKey, e.job.IdempotencyFingerprint
 	if err := s.writeLocked(&j, nil); err != nil {
 		return e.job, err
 	}
@@ -424,6 +466,9 @@ func (s *MemStore) writeLocked(put *Job, del []uint64) error {
 
 func (s *MemStore) removeLocked(e *entry) {
 	delete(s.byID, e.job.ID)
+	if k := (idemKey{e.job.Tenant, e.job.IdempotencyKey}); k.key != "" && s.byKey[k] == e {
+		delete(s.byKey, k)
+	}
 	s.counts[e.job.Status]--
 	if e.finished != nil {
 		s.dropFinishedLocked(e)
