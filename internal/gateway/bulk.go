@@ -29,9 +29,12 @@ type bulkLineError struct {
 // bulkLine is the result of one non-blank line: Job when queued, Error when
 // refused (exactly one is set).
 type bulkLine struct {
-	Line  int            `json:"line"`
-	Job   *jobView       `json:"job,omitempty"`
-	Error *bulkLineError `json:"error,omitempty"`
+	Line int      `json:"line"`
+	Job  *jobView `json:"job,omitempty"`
+	// Replayed: the line's idempotencyKey is held by the tenant's job of
+	// the same submission, which Job is; no job was created.
+	Replayed bool           `json:"replayed,omitempty"`
+	Error    *bulkLineError `json:"error,omitempty"`
 }
 
 // bulkResponse is the JSON shape of POST /v1/jobs/bulk.
@@ -48,13 +51,23 @@ type bulkResponse struct {
 // one result per non-blank line, in order. Once a line is refused for a
 // full queue (queue_full, pool_queue_full), every later line is refused
 // with the same error without being tried, so an upload is never queued
-// with holes the client did not see; Retry-After is then set on the
-// response too. The whole upload is refused (nothing queued) when it is
-// not identified, exceeds the body limit (413 body_too_large), has no job
-// (400 invalid_request) or more than maxBulkLines (413 too_many_jobs).
+// with holes the client did not see (a later line whose idempotencyKey
+// the tenant's job of the same submission holds is still answered with
+// that job); Retry-After is then set on the response too. A line may carry
+// its own idempotencyKey, with the rules of POST /v1/jobs's
+// Idempotency-Key (queueJob): a line already queued under its key is
+// answered with its job and "replayed": true. The whole upload is refused
+// (nothing queued) when it is not identified, exceeds the body limit (413
+// body_too_large), carries an Idempotency-Key field (400
+// invalid_idempotency_key: keys are per line), has no job (400
+// invalid_request) or more than maxBulkLines (413 too_many_jobs).
 func (g *Gateway) submitBulk(w http.ResponseWriter, r *http.Request) {
 	t, pool, raw, ok := g.identifyAndRead(w, r)
 	if !ok {
+		return
+	}
+	if len(r.Header.Values(headerIdempotencyKey)) > 0 {
+		g.refuse(w, t, badIdempotencyKey(headerIdempotencyKey, "POST /v1/jobs/bulk takes no Idempotency-Key field: give each line its own \"idempotencyKey\" member."))
 		return
 	}
 	type line struct {
@@ -81,18 +94,17 @@ func (g *Gateway) submitBulk(w http.ResponseWriter, r *http.Request) {
 	resp := bulkResponse{Object: "bulk", Data: make([]bulkLine, 0, len(lines))}
 	var full *apiError // a full queue refuses every later line
 	for _, l := range lines {
-		e := full
+		var job jobView
+		e, replayed := g.bulkOne(t, pool, l.text, full, &job)
 		if e == nil {
-			var job jobView
-			e = g.bulkOne(t, pool, l.text, &job)
-			if e == nil {
+			if !replayed {
 				resp.Queued++
-				resp.Data = append(resp.Data, bulkLine{Line: l.n, Job: &job})
-				continue
 			}
-			if e.code == codeQueueFull || e.code == codePoolQueueFull {
-				full = e
-			}
+			resp.Data = append(resp.Data, bulkLine{Line: l.n, Job: &job, Replayed: replayed})
+			continue
+		}
+		if full == nil && (e.code == codeQueueFull || e.code == codePoolQueueFull) {
+			full = e
 		}
 		g.countRefusal(t, e)
 		resp.Refused++
@@ -109,18 +121,30 @@ func (g *Gateway) submitBulk(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// bulkOne parses and queues one line into *out.
-func (g *Gateway) bulkOne(t *registry.Tenant, pool *registry.PoolPolicy, text []byte, out *jobView) *apiError {
+// bulkOne parses and queues one line into *out; replayed says the line's
+// idempotency key was held by its job. Once a line was refused for a full
+// queue (full), a line is only answered with the job its key holds for
+// the same submission, and otherwise refused with full untried.
+func (g *Gateway) bulkOne(t *registry.Tenant, pool *registry.PoolPolicy, text []byte, full *apiError, out *jobView) (*apiError, bool) {
+	if full != nil {
+		if sr, aerr := parseSubmit(text); aerr == nil && sr.IdempotencyKey != "" {
+			if j, ok := g.store.ByIdempotencyKey(t.ID, sr.IdempotencyKey); ok && j.IdempotencyFingerprint == submitFingerprint(sr) {
+				*out = viewOf(j)
+				return nil, true
+			}
+		}
+		return full, false
+	}
 	sr, aerr := parseSubmit(text)
 	if aerr != nil {
-		return aerr
+		return aerr, false
 	}
-	job, aerr := g.queueJob(t, pool, sr)
+	job, replayed, aerr := g.queueJob(t, pool, sr, paramLineKey)
 	if aerr != nil {
-		return aerr
+		return aerr, false
 	}
 	*out = viewOf(job)
-	return nil
+	return nil, replayed
 }
 
 // countRefusal counts a refused bulk line as refuse counts a refused

@@ -1087,10 +1087,18 @@ func (d *dispatcher) dropLater(key string, rank int) {
 // refused (a full queue); when the store fails to, the removal is made
 // again later rather than leaving a queued record of a job the client was
 // told was refused (listed, never sent, and queued by the next restart).
-func (d *dispatcher) removeRefused(id string) {
+// removed, when not nil, is called once the record is gone (now, or when
+// the removal made again succeeds): a keyed submission's idempotency key
+// stays in flight until then, so a retry meanwhile is not answered with
+// the refused job.
+func (d *dispatcher) removeRefused(id string, removed func()) {
 	if err := d.g.store.Delete(id); err != nil && !errors.Is(err, jobs.ErrNotFound) {
 		d.g.log.Error(err, "removing a refused submission from the job store failed; it is removed again later", "job", id)
-		d.writeLater(id, func() { d.removeRefused(id) })
+		d.writeLater(id, func() { d.removeRefused(id, removed) })
+		return
+	}
+	if removed != nil {
+		removed()
 	}
 }
 

@@ -186,8 +186,10 @@ type Options struct {
 
 // Gateway serves the data plane of one pool.
 type Gateway struct {
-	reg       *registry.Registry
-	store     jobs.Store
+	reg   *registry.Registry
+	store jobs.Store
+	// keys are the idempotency keys of the submissions in flight.
+	keys      inFlight
 	clock     clock.WithTicker
 	metrics   *metrics.Metrics
 	key       *providerkey.Key

@@ -103,6 +103,11 @@ type submitRequest struct {
 	// WebhookURL is the optional completion webhook (validated by
 	// validWebhookURL).
 	WebhookURL string `json:"webhookURL"`
+	// IdempotencyKey is the member idempotencyKey (checked by
+	// checkIdempotencyKey), which only a bulk line may carry; keyGiven says
+	// the member was present.
+	IdempotencyKey string `json:"idempotencyKey"`
+	keyGiven       bool
 }
 
 // minDeadline is the shortest deadline a job may ask for: 1 ms (a shorter
@@ -114,7 +119,9 @@ const minDeadline = time.Millisecond
 // JSON object, 400 invalid_request for an ill-typed endpoint or body, 400
 // invalid_deadline for a deadlineSeconds that is not a number of seconds of
 // at least 0.001, 400 invalid_request for a webhookURL that is not an
-// absolute http or https URL.
+// absolute http or https URL, 400 invalid_idempotency_key for an
+// idempotencyKey that is not a string of 1 to 255 printable ASCII
+// characters.
 func parseSubmit(raw []byte) (submitRequest, *apiError) {
 	var sr submitRequest
 	var fields map[string]json.RawMessage
@@ -146,8 +153,21 @@ func parseSubmit(raw []byte) (submitRequest, *apiError) {
 			return sr, badParam(codeInvalidRequest, "webhookURL", msg)
 		}
 	}
+	if v, ok := fields["idempotencyKey"]; ok {
+		sr.keyGiven = true
+		if err := decodeField(v, &sr.IdempotencyKey); err != nil {
+			return sr, badIdempotencyKey(paramLineKey, "\"idempotencyKey\" must be a string.")
+		}
+		if aerr := checkIdempotencyKey(paramLineKey, sr.IdempotencyKey); aerr != nil {
+			return sr, aerr
+		}
+	}
 	return sr, nil
 }
+
+// paramLineKey is the member of a bulk line that carries its idempotency
+// key.
+const paramLineKey = "idempotencyKey"
 
 // queued is the fair-queue payload of a job: what the dispatcher needs
 // without a store lookup.
@@ -177,21 +197,38 @@ func (qd *queued) queueCost(m limiter.CostModel) int64 {
 }
 
 // submitJob serves POST /v1/jobs: 202 with the job and its Location, or a
-// refusal (see queueJob).
+// refusal (see queueJob). With an Idempotency-Key (parseIdempotencyKeyHeader)
+// a retry of a submission whose job the store still holds is answered as
+// the first one was, 202 with Location and the job's current view, plus
+// Idempotent-Replayed: true; no job is created. A body member
+// idempotencyKey is refused (400 invalid_idempotency_key): here the key is
+// the header's.
 func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 	t, pool, raw, ok := g.identifyAndRead(w, r)
 	if !ok {
 		return
 	}
-	sr, aerr := parseSubmit(raw)
+	key, aerr := parseIdempotencyKeyHeader(r.Header)
 	if aerr != nil {
 		g.refuse(w, t, aerr)
 		return
 	}
-	job, aerr := g.queueJob(t, pool, sr)
+	sr, aerr := parseSubmit(raw)
+	if aerr == nil && sr.keyGiven {
+		aerr = badIdempotencyKey(paramLineKey, "POST /v1/jobs takes its idempotency key in the Idempotency-Key header; \"idempotencyKey\" is a member of a POST /v1/jobs/bulk line.")
+	}
 	if aerr != nil {
 		g.refuse(w, t, aerr)
 		return
+	}
+	sr.IdempotencyKey = key
+	job, replayed, aerr := g.queueJob(t, pool, sr, headerIdempotencyKey)
+	if aerr != nil {
+		g.refuse(w, t, aerr)
+		return
+	}
+	if replayed {
+		w.Header().Set(headerIdempotentReplayed, "true")
 	}
 	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	writeJSON(w, http.StatusAccepted, viewOf(job))
@@ -206,7 +243,56 @@ func (g *Gateway) submitJob(w http.ResponseWriter, r *http.Request) {
 // allows no queued job (spec.batch.maxQueuedJobs 0) gets 403 batch_disabled
 // at once, with no Retry-After, since waiting would not help. POST /v1/jobs
 // and each line of POST /v1/jobs/bulk go through it.
-func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr submitRequest) (jobs.Job, *apiError) {
+//
+// With sr.IdempotencyKey set (keyParam names where it came from, for the
+// errors), a key the tenant's stored job holds is looked up before
+// anything else: the same fingerprint (submitFingerprint) returns that job
+// and replayed true, whatever its status and whatever the queue, limits or
+// policy say now; another fingerprint is 422 idempotency_key_reused; a
+// submission with the same key in flight is 409 idempotency_key_in_use. A
+// new job is stored with the key and its fingerprint; a refused one is not
+// stored (or removed), so its key stays free.
+func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr submitRequest, keyParam string) (job jobs.Job, replayed bool, aerr *apiError) {
+	var fp string
+	var handOver func() func()
+	if key := sr.IdempotencyKey; key != "" {
+		if !g.keys.acquire(t.ID, key) {
+			return jobs.Job{}, false, keyInUseError()
+		}
+		release := func() { g.keys.release(t.ID, key) }
+		defer func() {
+			if release != nil {
+				release()
+			}
+		}()
+		fp = submitFingerprint(sr)
+		if j, ok := g.store.ByIdempotencyKey(t.ID, key); ok {
+			j, aerr := replayOf(j, fp, keyParam)
+			return j, aerr == nil, aerr
+		}
+		// A job stored and then refused hands the key's release to its
+		// removal (dispatcher.removeRefused).
+		removed := release
+		handOver = func() func() { release = nil; return removed }
+	}
+	job, aerr = g.createJob(t, pool, sr, fp, handOver)
+	if aerr == errKeyHeld {
+		// Created meanwhile by another process on the same store.
+		j, aerr := replayOf(job, fp, keyParam)
+		return j, aerr == nil, aerr
+	}
+	return job, false, aerr
+}
+
+// errKeyHeld is the *apiError createJob returns with the job that holds
+// the submission's idempotency key (jobs.ErrIdempotencyKeyHeld).
+var errKeyHeld = &apiError{status: http.StatusConflict, typ: typeInvalidRequest, code: codeIdempotencyKeyInUse, message: "The idempotency key is held by a stored job."}
+
+// createJob validates, stores and queues a submission for queueJob; fp is
+// its fingerprint when it has an idempotency key. handOver, when not nil,
+// takes over the release of the key's in-flight mark, for a job stored
+// and then refused: it is released once the job's record is removed.
+func (g *Gateway) createJob(t *registry.Tenant, pool *registry.PoolPolicy, sr submitRequest, fp string, handOver func() func()) (jobs.Job, *apiError) {
 	if t.Policy().MaxQueued == 0 {
 		return jobs.Job{}, &apiError{status: http.StatusForbidden, typ: typePermission, code: codeBatchDisabled,
 			message: "The tenant's plan allows no batch jobs (its TenantQuota sets spec.batch.maxQueuedJobs to 0)."}
@@ -304,7 +390,11 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			Tenant: t.ID, Status: jobs.StatusQueued, Endpoint: sr.Endpoint, Model: req.model, Body: sr.Body,
 			PromptTokens: req.promptTokens, MaxOutputTokens: req.maxOutput, Metadata: sr.Metadata,
 			CreatedAt: now, Deadline: now.Add(deadline), WebhookURL: sr.WebhookURL,
+			IdempotencyKey: sr.IdempotencyKey, IdempotencyFingerprint: fp,
 		})
+		if errors.Is(serr, jobs.ErrIdempotencyKeyHeld) {
+			return job, errKeyHeld
+		}
 		if serr != nil {
 			g.log.Error(serr, "storing a submitted job failed", "tenant", t.ID)
 			return jobs.Job{}, &apiError{status: http.StatusInternalServerError, typ: typeAPI, code: codeStoreError, message: "The job could not be stored."}
@@ -328,7 +418,11 @@ func (g *Gateway) queueJob(t *registry.Tenant, pool *registry.PoolPolicy, sr sub
 			}
 		})
 		if err != nil {
-			g.dispatch.removeRefused(job.ID)
+			var removed func()
+			if handOver != nil {
+				removed = handOver()
+			}
+			g.dispatch.removeRefused(job.ID, removed)
 		}
 	}
 	if err != nil {

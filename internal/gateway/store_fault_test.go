@@ -518,7 +518,7 @@ func TestFlushStoreWritesAfterRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteFails.Store(1)
-	e.gw.dispatch.removeRefused(j.ID) // fails: kept for a retry
+	e.gw.dispatch.removeRefused(j.ID, nil) // fails: kept for a retry
 	if _, err := e.store.Get(j.ID); err != nil {
 		t.Fatalf("record after the failed removal: %v, want still there", err)
 	}
