@@ -7,6 +7,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY api/ api/
 COPY cmd/ cmd/
+# The RBAC manifests the binaries embed to check their permissions at start.
+COPY config/rbac/ config/rbac/
 COPY controllers/ controllers/
 COPY internal/ internal/
 ARG TARGETOS=linux

@@ -64,15 +64,15 @@ test: tools verify vet test-unit test-fuzz test-envtest test-helm test-exercises
 
 .PHONY: test-unit
 test-unit: ## Unit tests of the pure packages, the gateway and the render functions (race detector on).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /controllers -e /test/ -e /internal/kube -e /internal/scheduler)
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /controllers -e /test/ -e /internal/kube -e /internal/scheduler -e /internal/manager)
 
 .PHONY: test-fuzz
 test-fuzz: ## Run every Go fuzz target for a bounded number of executions (FUZZTIME each).
 	hack/fuzz.sh $(FUZZTIME)
 
 .PHONY: test-envtest
-test-envtest: tools ## Controller, status writer, CRD validation and kubectl explain tests on a real kube-apiserver + etcd.
-	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./test/cel/... ./test/explain/...
+test-envtest: tools ## Controller, status writer, start-up RBAC check, CRD validation and kubectl explain tests on a real kube-apiserver + etcd.
+	$(GO) test -count=1 ./controllers/... ./internal/kube/... ./internal/scheduler/... ./internal/manager/... ./test/cel/... ./test/explain/...
 
 .PHONY: test-helm
 test-helm: tools ## helm lint and template with default and non-default values, alert/dashboard metric names, schema, and helm install onto a local API server (about 1 min).

@@ -10,8 +10,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/distribution/reference"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -22,7 +25,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	rbacmanifests "github.com/fairshare-dev/fairshare/config/rbac"
 	"github.com/fairshare-dev/fairshare/controllers"
+	"github.com/fairshare-dev/fairshare/internal/rbaccheck"
 	"github.com/fairshare-dev/fairshare/internal/render"
 	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 )
@@ -47,7 +52,10 @@ type Config struct {
 	// LeaderElectionNamespace is the Lease's namespace; empty means the
 	// namespace the manager runs in (required when running outside a cluster).
 	LeaderElectionNamespace string
-	// Render holds the scheduler image and ClusterRole used for every pool.
+	// Render holds the scheduler image and ClusterRole used for every pool,
+	// and --skip-rbac-check (Render.SkipRBACCheck): the operator skips its
+	// own start-up RBAC check (RequiredPermissions) and renders the flag
+	// into every scheduler.
 	Render render.Options
 	// Zap are the logging options.
 	Zap zap.Options
@@ -74,6 +82,8 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the manager's own namespace.")
 	fs.StringVar(&cfg.Render.DefaultImage, "scheduler-image", DefaultSchedulerImage, "Scheduler image for pools that set no spec.scheduler.image.")
 	fs.StringVar(&cfg.Render.SchedulerClusterRole, "scheduler-cluster-role", render.DefaultSchedulerClusterRole, "ClusterRole bound to each pool's scheduler ServiceAccount.")
+	fs.BoolVar(&cfg.Render.SkipRBACCheck, "skip-rbac-check", false, "Skip the start-up check (SelfSubjectAccessReview) that the operator holds the RBAC permissions of its version, "+
+		"and the schedulers' own (rendered into their arguments); for clusters whose authorizer does not answer SelfSubjectAccessReview as it authorizes requests.")
 	if f := flag.CommandLine.Lookup("kubeconfig"); f != nil {
 		fs.Var(f.Value, f.Name, f.Usage)
 	}
@@ -99,9 +109,11 @@ func ParseFlags(args []string) (Config, error) {
 	return cfg, nil
 }
 
-// Run parses args (without the program name), then builds and runs the
-// manager until ctx is done. It returns flag.ErrHelp for -h, a flag or
-// setup error, or the manager's error.
+// Run parses args (without the program name), checks the operator's RBAC
+// permissions (RequiredPermissions, unless --skip-rbac-check), then builds
+// and runs the manager until ctx is done. It returns flag.ErrHelp for -h, a
+// flag or setup error, a *rbaccheck.MissingError naming every permission
+// missing (before any informer starts), or the manager's error.
 func Run(ctx context.Context, args []string) error {
 	cfg, err := ParseFlags(args)
 	if err != nil {
@@ -113,6 +125,17 @@ func Run(ctx context.Context, args []string) error {
 	restConfig, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	if cfg.Render.SkipRBACCheck {
+		ctrl.Log.WithName("setup").Info("Skipping the RBAC check (--skip-rbac-check)")
+	} else {
+		sets, err := RequiredPermissions(cfg, leaderElectionNamespace(cfg))
+		if err != nil {
+			return err
+		}
+		if err := rbaccheck.Run(ctx, restConfig, sets, RBACRemedy); err != nil {
+			return err
+		}
 	}
 	scheme := NewScheme()
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
@@ -139,6 +162,67 @@ func Run(ctx context.Context, args []string) error {
 	ctrl.Log.WithName("setup").Info("Starting manager", "schedulerImage", cfg.Render.DefaultImage,
 		"schedulerClusterRole", cfg.Render.SchedulerClusterRole, "leaderElect", cfg.LeaderElect)
 	return mgr.Start(ctx)
+}
+
+// RBACRemedy ends the error of a failed RBAC check at start: what to apply.
+const RBACRemedy = "Apply the RBAC of this operator's version (helm upgrade with the chart of the same version, " +
+	"or kubectl apply -k config/rbac of the same release), then restart the operator; " +
+	"--skip-rbac-check skips this check, for clusters whose authorizer does not answer SelfSubjectAccessReview as it authorizes requests"
+
+// Sources of the permission sets, as the RBAC check's error names them.
+const (
+	ManagerRoleSource    = "the operator's ClusterRole (config/rbac/role.yaml, the chart's <release>-manager)"
+	LeaderElectionSource = "the operator's leader election Role (config/rbac/leader_election_role.yaml, the chart's <release>-leader-election)"
+)
+
+// inClusterNamespacePath holds the namespace of a pod's ServiceAccount.
+const inClusterNamespacePath = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// leaderElectionNamespace is the namespace of the leader election Lease
+// with cfg: "" without --leader-elect, else --leader-election-namespace or
+// the pod's own namespace, as controller-runtime resolves it ("" when it
+// cannot be read: the manager then fails with its own error).
+func leaderElectionNamespace(cfg Config) string {
+	if !cfg.LeaderElect {
+		return ""
+	}
+	if cfg.LeaderElectionNamespace != "" {
+		return cfg.LeaderElectionNamespace
+	}
+	b, err := os.ReadFile(inClusterNamespacePath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// RequiredPermissions returns the permissions the operator checks at start
+// with cfg, read from the RBAC manifests it was built with
+// (github.com/fairshare-dev/fairshare/config/rbac): every rule of the
+// ClusterRole fairshare-manager, cluster-wide, its bind on the ClusterRole
+// render.DefaultSchedulerClusterRole asked on cfg's --scheduler-cluster-role
+// instead; then, when leaderNamespace is not "" (--leader-elect), every rule
+// of the leader election Role in that namespace. It returns an error only
+// for an embedded manifest that does not parse (a build defect).
+func RequiredPermissions(cfg Config, leaderNamespace string) ([]rbaccheck.Set, error) {
+	perms, err := rbaccheck.FromRole(rbacmanifests.ManagerRole, "")
+	if err != nil {
+		return nil, fmt.Errorf("config/rbac/role.yaml: %w", err)
+	}
+	for i, p := range perms {
+		if p.Group == rbacv1.GroupName && p.Resource == "clusterroles" && p.Verb == "bind" && p.Name == render.DefaultSchedulerClusterRole {
+			perms[i].Name = cfg.Render.SchedulerClusterRole
+		}
+	}
+	sets := []rbaccheck.Set{{Source: ManagerRoleSource, Permissions: perms}}
+	if leaderNamespace != "" {
+		le, err := rbaccheck.FromRole(rbacmanifests.LeaderElectionRole, leaderNamespace)
+		if err != nil {
+			return nil, fmt.Errorf("config/rbac/leader_election_role.yaml: %w", err)
+		}
+		sets = append(sets, rbaccheck.Set{Source: LeaderElectionSource, Permissions: le})
+	}
+	return sets, nil
 }
 
 // Setup registers both reconcilers with mgr, rendering pools with opts.

@@ -28,10 +28,10 @@ func TestParseFlags(t *testing.T) {
 		},
 		"every flag": {
 			args: []string{"--metrics-bind-address=0", "--health-probe-bind-address=:9443", "--leader-elect",
-				"--leader-election-namespace=ops", "--scheduler-image=img:2", "--scheduler-cluster-role=custom"},
+				"--leader-election-namespace=ops", "--scheduler-image=img:2", "--scheduler-cluster-role=custom", "--skip-rbac-check"},
 			want: Config{
 				MetricsAddr: "0", ProbeAddr: ":9443", LeaderElect: true, LeaderElectionNamespace: "ops",
-				Render: render.Options{DefaultImage: "img:2", SchedulerClusterRole: "custom"},
+				Render: render.Options{DefaultImage: "img:2", SchedulerClusterRole: "custom", SkipRBACCheck: true},
 			},
 		},
 		"empty image":        {args: []string{"--scheduler-image="}, wantErr: true},

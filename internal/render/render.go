@@ -180,6 +180,11 @@ type Options struct {
 	// scheduler's ServiceAccount (the operator's --scheduler-cluster-role
 	// flag, normally DefaultSchedulerClusterRole).
 	SchedulerClusterRole string
+	// SkipRBACCheck adds --skip-rbac-check to the scheduler's arguments, so
+	// that it skips its start-up RBAC check (the operator's own
+	// --skip-rbac-check, for clusters whose authorizer does not answer
+	// SelfSubjectAccessReview as it authorizes requests).
+	SkipRBACCheck bool
 }
 
 // Object is a Kubernetes object with metadata and a type: the shape of
@@ -811,6 +816,16 @@ func podSpec(pool *v1alpha1.ProviderPool, opts Options) corev1.PodSpec {
 	return ps
 }
 
+// args are the scheduler's arguments: its settings file, and
+// --skip-rbac-check with opts.SkipRBACCheck.
+func args(opts Options) []string {
+	a := []string{"--config=" + ConfigDir + "/" + schedconfig.SettingsKey}
+	if opts.SkipRBACCheck {
+		a = append(a, "--skip-rbac-check")
+	}
+	return a
+}
+
 func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 	image := pool.Spec.Scheduler.Image
 	if image == "" {
@@ -820,7 +835,7 @@ func container(pool *v1alpha1.ProviderPool, opts Options) corev1.Container {
 		Name:    ContainerName,
 		Image:   image,
 		Command: []string{Command},
-		Args:    []string{"--config=" + ConfigDir + "/" + schedconfig.SettingsKey},
+		Args:    args(opts),
 		Ports: []corev1.ContainerPort{
 			{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
 			{Name: "metrics", ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP},

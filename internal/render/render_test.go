@@ -433,6 +433,30 @@ func TestRenderImagePullSecrets(t *testing.T) {
 	}
 }
 
+// TestRenderSkipRBACCheck: the operator's --skip-rbac-check
+// (Options.SkipRBACCheck) adds --skip-rbac-check to the scheduler's
+// arguments, after its settings file; without it the arguments are the
+// settings file alone.
+func TestRenderSkipRBACCheck(t *testing.T) {
+	for _, tc := range []struct {
+		skip bool
+		want []string
+	}{
+		{false, []string{"--config=/etc/fairshare/scheduler.json"}},
+		{true, []string{"--config=/etc/fairshare/scheduler.json", "--skip-rbac-check"}},
+	} {
+		opts := testOptions
+		opts.SkipRBACCheck = tc.skip
+		objs, err := Render(defaultPool(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(tc.want, objs.Deployment.Spec.Template.Spec.Containers[0].Args); diff != "" {
+			t.Errorf("SkipRBACCheck %v: args (-want +got):\n%s", tc.skip, diff)
+		}
+	}
+}
+
 func TestRenderErrors(t *testing.T) {
 	tests := map[string]struct {
 		mutate func(*v1alpha1.ProviderPool, *Options)

@@ -56,11 +56,13 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fairshare-dev/fairshare/api/v1alpha1"
+	rbacmanifests "github.com/fairshare-dev/fairshare/config/rbac"
 	"github.com/fairshare-dev/fairshare/internal/gateway"
 	"github.com/fairshare-dev/fairshare/internal/jobs"
 	"github.com/fairshare-dev/fairshare/internal/kube"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/providerkey"
+	"github.com/fairshare-dev/fairshare/internal/rbaccheck"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/runtimeconfig"
 	"github.com/fairshare-dev/fairshare/internal/schedconfig"
@@ -102,6 +104,12 @@ type Flags struct {
 	// jobs.DefaultPath on the pool's volume in the settings; tests and local
 	// runs pass their own file. With neither, jobs are kept in memory.
 	JobStore *string
+	// SkipRBACCheck skips the start-up check of the scheduler's permissions
+	// (Permissions), for clusters whose authorizer does not answer
+	// SelfSubjectAccessReview as it authorizes requests. The operator
+	// renders it into the Deployments when it runs with --skip-rbac-check
+	// itself (render.Options.SkipRBACCheck).
+	SkipRBACCheck bool
 	// Zap are the logging flags (--zap-log-level, --zap-devel, ...).
 	Zap zap.Options
 }
@@ -117,6 +125,8 @@ func ParseFlags(args []string) (Flags, error) {
 	fs.StringVar(&f.HealthAddr, "health-addr", "", "Listen address of /healthz and /readyz (overrides the settings' healthAddr; \"0\" disables).")
 	jobStore := fs.String("job-store", "", "Path of the durable job store file (bbolt), for example "+jobs.DefaultPath+
 		" (replaces the settings' jobStorePath; --job-store= keeps jobs in memory). Empty in both: jobs are kept in memory and lost on restart.")
+	fs.BoolVar(&f.SkipRBACCheck, "skip-rbac-check", false, "Skip the start-up check (SelfSubjectAccessReview) that the scheduler holds the RBAC permissions "+
+		"of its version in its pool's namespace; for clusters whose authorizer does not answer SelfSubjectAccessReview as it authorizes requests.")
 	f.Zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return Flags{}, err
@@ -134,6 +144,9 @@ func ParseFlags(args []string) (Flags, error) {
 
 // Run runs the scheduler with the command-line args until ctx is
 // cancelled, then stops every server (releasing its port) and returns.
+// Before anything else talks to the API server it checks the scheduler's
+// RBAC permissions (Permissions, unless --skip-rbac-check) and returns a
+// *rbaccheck.MissingError naming every permission missing.
 // The provider API key is read from the settings' providerKeyFile, again
 // every providerkey.DefaultInterval (a key rotated in the mounted Secret
 // is used without a restart), or without one from the environment
@@ -155,7 +168,43 @@ func Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
+	if f.SkipRBACCheck {
+		log.Info("Skipping the RBAC check (--skip-rbac-check)")
+	} else {
+		sets, err := Permissions(s.Namespace)
+		if err != nil {
+			return err
+		}
+		if err := rbaccheck.Run(ctx, cfg, sets, RBACRemedy); err != nil {
+			return err
+		}
+	}
 	return run(ctx, s, cfg, os.Getenv(schedconfig.ProviderKeyEnv), log)
+}
+
+// RBACRemedy ends the error of a failed RBAC check at start: what to apply.
+const RBACRemedy = "Apply the ClusterRole fairshare-scheduler of this scheduler's version (helm upgrade with the chart of the same version, " +
+	"or kubectl apply -f config/rbac/scheduler/role.yaml of the same release; with the operator's --scheduler-cluster-role, that ClusterRole), " +
+	"then restart the scheduler; the operator's --skip-rbac-check renders --skip-rbac-check, which skips this check, " +
+	"for clusters whose authorizer does not answer SelfSubjectAccessReview as it authorizes requests"
+
+// RBACSource names the scheduler's ClusterRole in the RBAC check's error.
+const RBACSource = "the scheduler's ClusterRole (config/rbac/scheduler/role.yaml, the chart's fairshare-scheduler), bound in the pool's namespace by the RoleBinding the operator renders"
+
+// Permissions returns the permissions the scheduler of a pool of namespace
+// checks at start: every rule of the ClusterRole fairshare-scheduler it was
+// built with (github.com/fairshare-dev/fairshare/config/rbac), in
+// namespace, where the operator's RoleBinding grants it. The per-pool Roles
+// (status, Lease and Secrets by name) are not checked: the operator renders
+// them from the pool and its tenants, and may not have written a new
+// tenant's yet. It returns an error only for an embedded manifest that does
+// not parse (a build defect).
+func Permissions(namespace string) ([]rbaccheck.Set, error) {
+	perms, err := rbaccheck.FromRole(rbacmanifests.SchedulerRole, namespace)
+	if err != nil {
+		return nil, fmt.Errorf("config/rbac/scheduler/role.yaml: %w", err)
+	}
+	return []rbaccheck.Set{{Source: RBACSource, Permissions: perms}}, nil
 }
 
 // providerKey returns the provider key of the settings: read from

@@ -37,6 +37,12 @@ func TestParseFlags(t *testing.T) {
 	if f.Config != "/etc/s.json" || f.HTTPAddr != ":1" || f.MetricsAddr != "0" || f.HealthAddr != ":3" || f.Kubeconfig != "/k" {
 		t.Errorf("flags = %+v", f)
 	}
+	if f.SkipRBACCheck {
+		t.Errorf("--skip-rbac-check not given: SkipRBACCheck true")
+	}
+	if f, err := ParseFlags([]string{"--config", "/etc/s.json", "--skip-rbac-check"}); err != nil || !f.SkipRBACCheck {
+		t.Errorf("--skip-rbac-check: SkipRBACCheck %v, error %v; want true", f.SkipRBACCheck, err)
+	}
 	if f.JobStore != nil {
 		t.Errorf("--job-store not given: JobStore = %q, want nil (the settings' path applies)", *f.JobStore)
 	}

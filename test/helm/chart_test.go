@@ -743,6 +743,16 @@ func TestChartRefusesContradictoryValues(t *testing.T) {
 	if args := asSlice(field(objectNamed(objs, "Deployment", "f-fairshare"), "spec", "template", "spec", "containers", 0, "args")); !slices.Contains(args, any("--leader-elect=false")) {
 		t.Errorf("operator args = %v, want --leader-elect=false", args)
 	}
+	// operator.skipRBACCheck passes --skip-rbac-check; by default the operator checks its RBAC.
+	for _, tc := range []struct {
+		set  []string
+		want bool
+	}{{nil, false}, {[]string{"--set", "operator.skipRBACCheck=true"}, true}} {
+		args := asSlice(field(objectNamed(renderChart(t, tc.set...), "Deployment", "f-fairshare"), "spec", "template", "spec", "containers", 0, "args"))
+		if got := slices.Contains(args, any("--skip-rbac-check")); got != tc.want {
+			t.Errorf("%v: operator args = %v, --skip-rbac-check present %v, want %v", tc.set, args, got, tc.want)
+		}
+	}
 	objs = renderChart(t, "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.serviceMonitor.interval=1m30s", "--set", "monitoring.serviceMonitor.scrapeTimeout=90s",
 		"--set", "monitoring.schedulerServiceMonitor.enabled=true", "--set", "monitoring.schedulerServiceMonitor.interval=1h", "--set", "monitoring.schedulerServiceMonitor.scrapeTimeout=59m59s999ms")
 	if got := field(objectNamed(objs, "ServiceMonitor", "f-fairshare-operator"), "spec", "endpoints", 0, "scrapeTimeout"); got != "90s" {
