@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	quotav1alpha1 "github.com/fairshare-dev/fairshare/api/v1alpha1"
+	rbacconfig "github.com/fairshare-dev/fairshare/config/rbac"
 	"github.com/fairshare-dev/fairshare/internal/metrics"
 	"github.com/fairshare-dev/fairshare/internal/registry"
 	"github.com/fairshare-dev/fairshare/internal/render"
@@ -885,5 +886,24 @@ func TestValuesCommentsNameRealFields(t *testing.T) {
 		if !fields[m] {
 			t.Errorf("values.yaml mentions %s, which neither CRD has", m)
 		}
+	}
+}
+
+// TestChartLeaderElectionRoleMatchesConfig: the chart's leader election Role
+// (templates/rbac/bindings.yaml, written by hand) grants exactly the rules of
+// config/rbac/leader_election_role.yaml, the Role the operator checks at
+// start (internal/rbaccheck): a drift would make a chart-installed operator
+// refuse to start, or grant more than it needs.
+func TestChartLeaderElectionRoleMatchesConfig(t *testing.T) {
+	role := objectNamed(renderChart(t), "Role", "f-fairshare-leader-election")
+	if role == nil {
+		t.Fatal("no Role f-fairshare-leader-election in the rendered chart")
+	}
+	var want map[string]any
+	if err := yaml.Unmarshal(rbacconfig.LeaderElectionRole, &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(role["rules"], want["rules"]) {
+		t.Errorf("chart leader election Role rules %v, want config/rbac/leader_election_role.yaml's %v", role["rules"], want["rules"])
 	}
 }
