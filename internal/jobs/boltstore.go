@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,7 +38,9 @@ var (
 	// restart and on the replica that opens the file next.
 	keyIDKey = []byte("idkey")
 	// keyLegacyMax holds MemStore.legacyMax (8-byte big-endian), written
-	// when a version that encrypts ids first opens a file that holds jobs.
+	// when the file gets its id key (0 for a new file). A file given its
+	// key by a version that did not write it accepts the ids of the
+	// earlier form it holds (load).
 	keyLegacyMax = []byte("legacymax")
 )
 
@@ -88,6 +91,12 @@ var (
 type BoltStore struct {
 	*MemStore
 	db *bolt.DB
+	// quarantined are the records moved to the quarantine bucket by this
+	// open; quarantinedHeld is the number of records that bucket holds
+	// (of this open and earlier ones). Both are set by load and never
+	// changed.
+	quarantined     []QuarantinedRecord
+	quarantinedHeld int
 }
 
 // OpenBolt opens (creating it and its directory when missing) the job store
@@ -95,6 +104,17 @@ type BoltStore struct {
 // are MemStore's (<= 0: the defaults). lockTimeout <= 0 means
 // DefaultLockTimeout; when another process holds the file for longer, the
 // error says so.
+//
+// A record of the "jobs" bucket that cannot be loaded as a job (a key that
+// is not 8 bytes, a value that is not the JSON of a Job, a sequence number
+// of 0, a status that is not one of the six, an empty id or tenant, an id
+// another loaded job has, an idempotency key another loaded job of its
+// tenant holds, an id that is not one of its key's sequence number:
+// MemStore.checkRecord) is not loaded: it is moved unchanged to
+// the "quarantine" bucket of the file in the load's transaction, and the
+// store serves the other jobs (Quarantined, QuarantinedHeld). A job id key
+// of the wrong size in the "meta" bucket fails the open: the error names
+// the file and what to do.
 func OpenBolt(path string, clk clock.PassiveClock, retention time.Duration, maxFinished int, lockTimeout time.Duration) (*BoltStore, error) {
 	if lockTimeout <= 0 {
 		lockTimeout = DefaultLockTimeout
@@ -123,7 +143,18 @@ func seqKey(seq uint64) []byte {
 	return k[:]
 }
 
-// load reads every job into the in-memory index, in sequence order, then
+// Quarantined returns the records this open moved from the "jobs" bucket
+// to the "quarantine" bucket (OpenBolt), in key order (buckets nested in
+// the jobs bucket last), or nil when none was.
+func (s *BoltStore) Quarantined() []QuarantinedRecord { return slices.Clone(s.quarantined) }
+
+// QuarantinedHeld returns the number of records the file's "quarantine"
+// bucket holds, moved there by this open or an earlier one and not removed
+// since (docs/operations.md "The job store").
+func (s *BoltStore) QuarantinedHeld() int { return s.quarantinedHeld }
+
+// load reads every job into the in-memory index, in sequence order,
+// quarantining the records that cannot be loaded as jobs (OpenBolt), then
 // prunes by the retention rules and deletes what was pruned.
 func (s *BoltStore) load() error {
 	m := s.MemStore
@@ -142,8 +173,11 @@ func (s *BoltStore) load() error {
 		if v := mb.Get(keySeq); len(v) == 8 {
 			m.seq = binary.BigEndian.Uint64(v)
 		}
+		legacyOpen := true // legacyMax not recorded: raised by the legacy ids held
+		keyCreated := false
 		if v := mb.Get(keyLegacyMax); len(v) == 8 {
 			m.legacyMax = binary.BigEndian.Uint64(v)
+			legacyOpen = false
 		}
 		switch key := mb.Get(keyIDKey); {
 		case key == nil:
@@ -153,27 +187,54 @@ func (s *BoltStore) load() error {
 				return err
 			}
 			m.ids = newIDCipher(key)
-			// Every id handed out so far has the earlier form.
-			if m.legacyMax = m.seq; m.legacyMax > 0 {
-				if err := mb.Put(keyLegacyMax, seqKey(m.legacyMax)); err != nil {
-					return err
-				}
-			}
+			// Every id handed out so far has the earlier form: legacyMax
+			// is recorded after the walk.
+			m.legacyMax, legacyOpen, keyCreated = m.seq, true, true
 		case len(key) == idKeySize:
 			m.ids = newIDCipher(key)
 		default:
-			return fmt.Errorf("job id key of %d bytes, want %d", len(key), idKeySize)
+			// Without its key the store can neither check the ids it
+			// holds nor hand out new ones that stay valid cursors.
+			return fmt.Errorf("the job id key (bucket %q, key %q) is %d bytes, want %d: the file is damaged or "+
+				"was not written by a Fairshare scheduler. Restore the file from a backup, or move it away "+
+				"(the scheduler then starts with an empty job store and the jobs in the file are lost)",
+				bucketMeta, keyIDKey, len(key), idKeySize)
 		}
-		return jb.ForEach(func(k, v []byte) error {
+		qb, err := tx.CreateBucketIfNotExists(bucketQuarantine)
+		if err != nil {
+			return err
+		}
+		// Records that cannot be loaded as jobs are moved to the
+		// quarantine bucket, unchanged, after the walk (a bucket must not
+		// change while it is walked); the store serves the rest.
+		var bad []badRecord
+		var nested [][]byte
+		err = jb.ForEach(func(k, v []byte) error {
+			if len(k) == 8 {
+				// A sequence number is never handed out again, also
+				// that of a record that is not loaded.
+				m.seq = max(m.seq, keySeq8(k))
+			}
+			if v == nil {
+				nested = append(nested, bytes.Clone(k))
+				return nil
+			}
+			reject := func(reason string) error {
+				bad = append(bad, badRecord{key: bytes.Clone(k), val: bytes.Clone(v), reason: reason})
+				return nil
+			}
 			if len(k) != 8 {
-				return fmt.Errorf("bad key %x", k)
+				return reject(fmt.Sprintf("key of %d bytes, want 8 (a big-endian sequence number)", len(k)))
 			}
 			var j Job
 			if err := json.Unmarshal(v, &j); err != nil {
-				return fmt.Errorf("job %x: %w", k, err)
+				return reject(decodeReason(err))
 			}
-			j.seq = binary.BigEndian.Uint64(k)
-			if len(j.ID) == legacyIDLen {
+			j.seq = keySeq8(k)
+			if reason := m.checkRecord(&j, legacyOpen); reason != "" {
+				return reject(reason)
+			}
+			if len(j.ID) == legacyIDLen && legacyOpen {
 				// A file given its key by a version that did not record
 				// legacyMax: its legacy ids still held are cursors.
 				m.legacyMax = max(m.legacyMax, j.seq)
@@ -183,7 +244,6 @@ func (s *BoltStore) load() error {
 					*raw = nil
 				}
 			}
-			m.seq = max(m.seq, j.seq)
 			e := &entry{job: j}
 			// addLocked also rebuilds the idempotency index from the
 			// persisted keys.
@@ -193,6 +253,33 @@ func (s *BoltStore) load() error {
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		if s.quarantined, err = quarantine(jb, qb, bad); err != nil {
+			return err
+		}
+		for _, k := range nested {
+			// A bucket inside the jobs bucket (no job is one) is moved
+			// whole when its key is free in the quarantine bucket, and
+			// left where it is otherwise; it is never loaded.
+			r := QuarantinedRecord{Key: hex.EncodeToString(k), QuarantineKey: hex.EncodeToString(k), Reason: "a bucket, not a job record"}
+			if qb.Get(k) != nil || qb.Bucket(k) != nil {
+				r.QuarantineKey, r.Reason = "", r.Reason+"; left in the jobs bucket (its key is taken in the quarantine bucket)"
+			} else if err := tx.MoveBucket(k, jb, qb); err != nil {
+				return fmt.Errorf("quarantining the bucket of key %x: %w", k, err)
+			}
+			s.quarantined = append(s.quarantined, r)
+		}
+		if keyCreated {
+			// Recorded also when 0 (a new file): ids of the earlier form
+			// are then accepted by no later open.
+			if err := mb.Put(keyLegacyMax, seqKey(m.legacyMax)); err != nil {
+				return err
+			}
+		}
+		s.quarantinedHeld = 0
+		return qb.ForEach(func([]byte, []byte) error { s.quarantinedHeld++; return nil })
 	})
 	if err != nil {
 		return err
