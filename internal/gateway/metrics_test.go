@@ -111,6 +111,9 @@ fairshare_scheduler_admitted_requests_total{class="interactive",tenant="b"} 1
 # TYPE fairshare_scheduler_charged_weighted_tokens_total counter
 fairshare_scheduler_charged_weighted_tokens_total{tenant="a"} 90
 fairshare_scheduler_charged_weighted_tokens_total{tenant="b"} 2
+# HELP fairshare_scheduler_job_store_quarantined_records Records the job store file holds in its quarantine bucket: records that could not be loaded as jobs, moved there unchanged when the store was opened (docs/operations.md, "The job store").
+# TYPE fairshare_scheduler_job_store_quarantined_records gauge
+fairshare_scheduler_job_store_quarantined_records 0
 # HELP fairshare_scheduler_jobs_expired_total Batch jobs that reached their deadline before being sent (never charged), by tenant.
 # TYPE fairshare_scheduler_jobs_expired_total counter
 fairshare_scheduler_jobs_expired_total{tenant="a"} 1

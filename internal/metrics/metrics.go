@@ -89,6 +89,11 @@ type Metrics struct {
 	// UpstreamHeadersMalformed counts provider rate-limit header values
 	// ignored as malformed (throttle.Quota.Malformed), by model.
 	UpstreamHeadersMalformed *prometheus.CounterVec
+	// JobStoreQuarantined is the number of records the durable job
+	// store's file holds in its quarantine bucket (records that could not
+	// be loaded as jobs, jobs.BoltStore.QuarantinedHeld), set when the
+	// store is opened; 0 until then and with jobs kept in memory.
+	JobStoreQuarantined prometheus.Gauge
 
 	// upstreamDuration (model to prometheus.Observer) and upstreamResponses
 	// (upstreamKey to prometheus.Counter) cache the per-model series.
@@ -150,11 +155,16 @@ func New(reg prometheus.Registerer, snapshot func() registry.Snapshot) *Metrics 
 			"Provider rate-limit header values (or structured-field members) ignored as malformed, by model: "+
 				"negative, NaN, out of range or unparsable; the throttle falls back to its other figures or defaults."),
 			[]string{"model"}),
+		JobStoreQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "job_store_quarantined_records",
+			Help: "Records the job store file holds in its quarantine bucket: records that could not be loaded " +
+				"as jobs, moved there unchanged when the store was opened (docs/operations.md, \"The job store\").",
+		}),
 	}
 	m.series = map[string]*TenantSeries{}
 	m.unattributed = &TenantSeries{m: m}
 	reg.MustRegister(m.UpstreamResponses, m.UpstreamThrottled, tenantCollector{m}, m.UpstreamDuration, m.JobsExpired, m.JobsFinished, m.DryRunRejections, m.WebhookDeliveries, m.QueueWait,
-		m.UpstreamHeadersMalformed)
+		m.UpstreamHeadersMalformed, m.JobStoreQuarantined)
 	if snapshot != nil {
 		reg.MustRegister(&collector{snapshot: snapshot})
 	}

@@ -442,7 +442,10 @@ func (l *leaderGateway) recovered() bool {
 }
 
 // openStore opens the job store, or returns (nil, nil) when ctx is
-// cancelled first (a store opened after that is closed at once).
+// cancelled first (a store opened after that is closed at once). It logs
+// each record the open quarantined (jobs.OpenBolt: key, reason, size) and
+// sets the metric job_store_quarantined_records to the records the file's
+// quarantine bucket holds.
 func (l *leaderGateway) openStore(ctx context.Context) (*jobs.BoltStore, error) {
 	type result struct {
 		s   *jobs.BoltStore
@@ -459,7 +462,18 @@ func (l *leaderGateway) openStore(ctx context.Context) (*jobs.BoltStore, error) 
 		if r.err != nil {
 			return nil, r.err
 		}
-		l.log.Info("opened the job store", "path", l.storePath, "waited", time.Since(start).Round(time.Millisecond).String())
+		// Records that could not be loaded as jobs were moved to the
+		// file's quarantine bucket: each is named (never its content,
+		// which holds a tenant's request body).
+		for _, q := range r.s.Quarantined() {
+			l.log.Info("job store record not loaded: moved to the file's quarantine bucket", "path", l.storePath,
+				"key", q.Key, "quarantineKey", q.QuarantineKey, "reason", q.Reason, "bytes", q.Size)
+		}
+		if m := l.opts.Metrics; m != nil {
+			m.JobStoreQuarantined.Set(float64(r.s.QuarantinedHeld()))
+		}
+		l.log.Info("opened the job store", "path", l.storePath, "waited", time.Since(start).Round(time.Millisecond).String(),
+			"quarantinedRecords", r.s.QuarantinedHeld())
 		return r.s, nil
 	case <-ctx.Done():
 		go func() {
