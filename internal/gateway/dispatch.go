@@ -673,6 +673,14 @@ func (d *dispatcher) start(ctx context.Context, now time.Time, fj *fairqueue.Job
 		return storeRetry, false
 	}
 	t.ObserveDispatch(now)
+	// Sent: the job stops counting toward its tenant's bound before its
+	// call can end. Released after the call was started (by the deferred
+	// release), a job could finish while still counted, and a submission
+	// in that instant found the tenant's queue not empty (queue_full at the
+	// bound, and an idle tenant's backlog not observed, so its Retry-After
+	// counted the idle time since its last dispatch: a day).
+	held = false
+	g.reg.WithQueue(func(*fairqueue.Queue) { d.unholdLocked(fj.Tenant) })
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

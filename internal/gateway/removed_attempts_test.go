@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -183,6 +184,35 @@ func TestRemovalDuringCallFailsAtItsEnd(t *testing.T) {
 					t.Errorf("after the failure: %d queued, %d waiting for a retry, %d calls; want 0, 0, 1", queued, retrying, calls.Load())
 				}
 			})
+		}
+	}
+}
+
+// TestFinishedJobNoLongerCountsTowardTheBound: once a job's record says it
+// succeeded, it no longer counts toward its tenant's queue bound. The
+// dispatcher released the job's slot after it had started the call, so a
+// fast call could finish first: a submission in that instant was refused
+// at the bound, or, for a tenant idle since its last dispatch, was told to
+// retry after the whole idle time (TestQueueFullRetryAfterIgnoresIdleTime
+// failed that way, with Retry-After 86400). The window is short, so the
+// test runs many jobs and checks each at once, with more threads than the
+// machine's 2 cores so that the call runs while the dispatcher is still in
+// start (without the fix it failed within 100 jobs under -race).
+func TestFinishedJobNoLongerCountsTowardTheBound(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(4, runtime.GOMAXPROCS(0))))
+	up := newUpstream(t, okJSON(1, 1))
+	e := newEnv(t, up, []registry.TenantPolicy{tenant("a", limiter.Limits{})})
+	for i := range 300 {
+		id := e.submit("key-a", jobBody(10, 20, "")).ID
+		var counted int
+		for deadline := time.Now().Add(10 * time.Second); e.storeStatus(id) != jobs.StatusSucceeded; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				t.Fatalf("job %d did not succeed within 10 s", i)
+			}
+		}
+		e.reg.WithQueue(func(q *fairqueue.Queue) { counted = e.gw.dispatch.queuedLocked(q, "a") })
+		if counted != 0 {
+			t.Fatalf("job %d succeeded while %d jobs of its tenant counted toward the bound, want 0", i, counted)
 		}
 	}
 }
